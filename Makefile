@@ -1,0 +1,54 @@
+# Two entry points (see README): `make demo` and `make test`. Both idempotent.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+UV := $(VENV)/bin/uv
+DEMO_DATA := data/demo
+DEMO_RUN := runs/demo
+DEMO_HOURS ?= 3.0
+DEMO_CONFIG ?= configs/demo.py
+
+.PHONY: demo test install install-dev lint format clean-demo
+
+$(VENV)/bin/activate:
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --upgrade pip uv
+
+# uv resolves and installs the whole stack in seconds where pip takes minutes.
+$(VENV)/.installed: pyproject.toml | $(VENV)/bin/activate
+	$(UV) pip install --python $(PY) --quiet -e .
+	touch $@
+
+$(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed
+	$(UV) pip install --python $(PY) --quiet -e '.[dev]'
+	touch $@
+
+install: $(VENV)/.installed
+install-dev: $(VENV)/.installed-dev
+
+$(DEMO_DATA)/raw/.done: $(VENV)/.installed
+	$(PY) -m data_prep.synth_demo --output $(DEMO_DATA)/raw --hours $(DEMO_HOURS) --seed 0
+	touch $@
+
+$(DEMO_DATA)/shards/.done: $(DEMO_DATA)/raw/.done
+	for split in train dev test; do \
+	  $(PY) -m data_prep.prepare --format manifest --input $(DEMO_DATA)/raw/$$split/manifest.jsonl \
+	    --output $(DEMO_DATA)/shards --split $$split --tokenizer char || exit 1; \
+	done
+	touch $@
+
+demo: $(DEMO_DATA)/shards/.done
+	$(PY) -m jaxspeech.train --config $(DEMO_CONFIG) --workdir $(DEMO_RUN)
+	$(PY) -m jaxspeech.evaluate --workdir $(DEMO_RUN) --data $(DEMO_DATA)/shards --split test
+
+test: $(VENV)/.installed-dev
+	$(PY) -m pytest -q tests
+
+lint: $(VENV)/.installed-dev
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+format: $(VENV)/.installed-dev
+	$(VENV)/bin/ruff format . && $(VENV)/bin/ruff check --fix .
+
+clean-demo:
+	rm -rf $(DEMO_DATA) $(DEMO_RUN)

@@ -1,0 +1,107 @@
+r"""Conformer-CTC on the synthetic espeak-ng demo corpus, on CPU.
+
+Run (what `make demo` does after preparing data/demo/shards):
+  python -m jaxspeech.train --config configs/demo.py --workdir runs/demo
+  python -m jaxspeech.evaluate --workdir runs/demo --data data/demo/shards --split test
+
+Variants (`--config configs/demo.py:NAME`):
+  (default) fits `make demo` in <= 25 min on 2 cores. Reaches: see README.
+  long      trains longer for better accuracy. Reaches: see README.
+  tiny      a seconds-long model for tests; accuracy is not a goal.
+"""
+
+from ml_collections import ConfigDict
+
+
+def get_config(arg: str | None = None) -> ConfigDict:
+    variant = arg or "default"
+    if variant not in ("default", "long", "tiny"):
+        raise ValueError(f"unknown configs/demo.py variant {variant!r}: use default, long or tiny")
+    c = ConfigDict()
+    c.seed = 0  # every random stream (init, data order, SpecAugment) derives from it
+
+    c.data = ConfigDict()
+    c.data.dir = "data/demo/shards"  # written by `python -m data_prep.prepare`
+    c.data.train_split = "train"
+    c.data.eval_split = "dev"  # scored periodically and at the end of training
+    # Duration buckets (seconds): few shapes = few compilations (each costs ~tens of
+    # seconds on CPU); the demo's utterances are 1-7 s.
+    c.data.bucket_boundaries = (3.0, 4.5, 6.0, 8.0)
+    c.data.batch_seconds = 64.0  # padded audio per global batch; sets each bucket's batch size
+    # Label padding per bucket = boundary * this. Characters of fast espeak speech run at
+    # ~18/s; rows over the limit are counted (label_overflow), never truncated.
+    c.data.max_tokens_per_second = 30.0
+    c.data.num_workers = 0  # Grain worker processes; 0 reads in threads (enough for the demo)
+    c.data.prefetch = 4  # batches read ahead
+
+    c.features = ConfigDict()
+    c.features.sample_rate = 16000
+    c.features.n_fft = 512
+    c.features.win_length = 400  # 25 ms
+    c.features.hop_length = 160  # 10 ms
+    c.features.num_mel_bins = 80
+    c.features.fmin = 0.0
+    c.features.fmax = 8000.0
+    c.features.log_floor = 1e-6
+
+    c.specaug = ConfigDict()
+    c.specaug.enabled = True  # the held-out voices need the robustness
+    c.specaug.num_freq_masks = 2
+    c.specaug.freq_mask_width = 15  # mild: synthetic speech has little redundancy to spare
+    c.specaug.num_time_masks = 4
+    c.specaug.time_mask_max_ratio = 0.04
+
+    c.model = ConfigDict()
+    c.model.name = "conformer_ctc"
+    c.model.dim = 144
+    c.model.num_layers = 8
+    c.model.num_heads = 4
+    c.model.ff_mult = 4
+    c.model.conv_kernel = 15
+    c.model.subsampling_channels = 64  # small: the second conv dominates FLOPs otherwise
+    c.model.dropout = 0.0  # dropout's random bits cost ~25% of a CPU step; SpecAugment suffices
+    c.model.dtype = "float32"  # bf16 is slower than f32 on CPU
+
+    c.optim = ConfigDict()
+    c.optim.name = "adamw"
+    c.optim.peak_lr = 2e-3
+    c.optim.warmup_steps = 150
+    c.optim.decay = "cosine"  # to end_lr_ratio * peak at num_steps
+    c.optim.end_lr_ratio = 0.02
+    c.optim.b1 = 0.9
+    c.optim.b2 = 0.98
+    c.optim.eps = 1e-9
+    c.optim.weight_decay = 1e-3
+    c.optim.clip_norm = 5.0
+
+    c.train = ConfigDict()
+    c.train.num_steps = 1200  # sized so `make demo` fits 25 minutes on 2 cores
+    c.train.run_steps = 0  # >0: stop this invocation after that many steps (then resume)
+    c.train.log_every = 25
+    c.train.checkpoint_every = 200  # steps; also saved at the end
+    c.train.keep_checkpoints = 2
+    c.train.eval_every = 0  # steps; 0 = only at the end (eval costs CPU time in the demo)
+    c.train.eval_at_end = True
+
+    c.mesh = ConfigDict()
+    # Sizes of (data, fsdp, tensor); -1 = the rest of the devices.
+    c.mesh.data = -1
+    c.mesh.fsdp = 1
+    c.mesh.tensor = 1
+
+    if variant == "long":
+        c.train.num_steps = 4000
+        c.train.eval_every = 1000
+    if variant == "tiny":
+        c.data.bucket_boundaries = (3.0, 8.0)
+        c.data.batch_seconds = 24.0
+        c.model.dim = 32
+        c.model.num_layers = 2
+        c.model.num_heads = 2
+        c.model.subsampling_channels = 8
+        c.model.conv_kernel = 7
+        c.optim.warmup_steps = 5
+        c.train.num_steps = 8
+        c.train.log_every = 2
+        c.train.checkpoint_every = 4
+    return c

@@ -1,0 +1,481 @@
+"""Synthesize the multi-speaker English demo corpus with espeak-ng.
+
+    python -m data_prep.synth_demo --output DIR [--hours 3] [--seed 0] [--workers N]
+
+Writes, for each split in (train, dev, test):
+    DIR/<split>/audio/<split>-<speaker>-<n>.wav   16 kHz mono PCM16
+    DIR/<split>/manifest.jsonl                    {"audio_filepath", "text", "duration", "speaker"}
+and DIR/corpus_info.json (per-split utterances, hours, speakers, distinct words; seed; versions).
+
+Speakers are espeak-ng English accents x voice variants x a base rate/pitch/range. Test and
+dev speakers are held out: their variants (timbres) never occur in train, though their
+accents do, so held-out error measures generalization to new voices. Sentences come from
+one stream of distinct sentences (`data_prep.sentences`), so no text is in two splits.
+
+Determinism: everything (sentence, speaker, rate, pitch, gain, silences, noise seed) is
+planned in the parent from --seed; workers only render. libespeak-ng carries hidden state
+from one utterance to the next within a process, so utterances are rendered in fixed
+chunks, each in a fresh process (pool with maxtasksperchild=1): the same seed gives
+byte-identical files for any --workers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import multiprocessing
+import os
+import random
+import shutil
+import time
+from collections.abc import Sequence
+
+import numpy as np
+import soundfile as sf
+import soxr
+
+from data_prep import espeak
+from data_prep import sentences as sentences_lib
+
+# Bump when anything that changes the output (speakers, planning, rendering) changes.
+GENERATOR_VERSION = 1
+SAMPLE_RATE = 16_000
+SPLITS = ("train", "dev", "test")
+SPLIT_FRACTIONS = {"train": 0.90, "dev": 0.05, "test": 0.05}
+# Utterances rendered per fresh worker process: large enough to amortize the ~0.4 s
+# process start, small enough to balance two or more workers. Part of the output's
+# identity (espeak-ng state flows between utterances of a chunk): changing it changes
+# the audio, so bump GENERATOR_VERSION with it.
+CHUNK_SIZE = 96
+MAX_EDGE_SILENCE_S = 0.2
+INFO_FILE = "corpus_info.json"
+# Written first and removed last: a directory holding it is a build of ours in progress.
+PARTIAL_FILE = ".synth_demo_partial.json"
+
+
+# ---------------------------------------------------------------------------------------
+# Speakers
+# ---------------------------------------------------------------------------------------
+
+# espeak-ng English voices bundled with espeakng-loader, by short code used in speaker ids.
+# en-shaw (Shavian script) is left out: it is a spelling, not an accent.
+ACCENTS = {
+    "gb": "en",
+    "us": "en-us",
+    "rp": "en-gb-x-rp",
+    "sc": "en-gb-scotland",
+    "cb": "en-029",
+    "lan": "en-gb-x-gbclan",
+    "wm": "en-gb-x-gbcwmd",
+    "ny": "en-us-nyc",
+}
+
+# Variants never used, judged from their definitions in espeak-ng-data/voices/!v:
+# whisper, whisperf, caleb (voicing near 0: no voiced speech); croak, grandma, grandpa,
+# aunty (pitch flutter 12-20: heavy warble); robosoft*, UniRobot, anikaRobot, announcer,
+# RicishayMax*, Demonic (robot timbres, echo up to 10 s, extreme roughness); Tweaky,
+# kaukovalta, Lee, Jacky, Andy, AnxiousAndy (formants scaled to 9-40% or switched off);
+# zac (child pitch 240-390 Hz); Alicia (breathy, echo); fast (a test voice). The rest are
+# ordinary voices; the ones below were picked for spread in pitch, formants and synthesis
+# method (klatt-based adam-style voices: benjamin, edward).
+
+
+@dataclasses.dataclass(frozen=True)
+class Speaker:
+    """A synthetic speaker: accent x variant x base prosody.
+
+    rate: words per minute; pitch, pitch_range: espeak-ng's 0-100 scale (50 = variant
+    default).
+    """
+
+    name: str
+    accent: str
+    variant: str
+    rate: int
+    pitch: int
+    pitch_range: int
+    split: str
+
+    @property
+    def voice(self) -> str:
+        return ACCENTS[self.accent]
+
+
+def _speakers() -> tuple[Speaker, ...]:
+    rows = [
+        # train: 8 accents x 3 variants, every variant used once.
+        ("gb", "m1", 172, 48, 55),
+        ("gb", "f2", 165, 52, 62),
+        ("gb", "edward", 178, 45, 50),
+        ("us", "m2", 180, 50, 45),
+        ("us", "f1", 168, 55, 70),
+        ("us", "Gene", 160, 42, 58),
+        ("rp", "m4", 170, 47, 52),
+        ("rp", "f5", 175, 58, 66),
+        ("rp", "john", 163, 40, 48),
+        ("sc", "m6", 166, 46, 60),
+        ("sc", "steph", 176, 54, 64),
+        ("sc", "robert", 182, 44, 46),
+        ("cb", "m7", 171, 50, 54),
+        ("cb", "belinda", 162, 57, 72),
+        ("cb", "paul", 185, 43, 50),
+        ("lan", "m8", 169, 52, 56),
+        ("lan", "linda", 178, 53, 60),
+        ("lan", "quincy", 158, 41, 44),
+        ("wm", "Alex", 174, 49, 62),
+        ("wm", "Andrea", 164, 56, 58),
+        ("wm", "benjamin", 181, 46, 54),
+        ("ny", "ed", 176, 51, 57),
+        ("ny", "Annie", 167, 44, 52),
+        ("ny", "antonio", 173, 48, 64),
+        # dev: variants unseen in train.
+        ("lan", "Mike", 170, 50, 55),
+        ("gb", "f4", 174, 53, 63),
+        # test: variants unseen in train and dev.
+        ("us", "m3", 172, 49, 56),
+        ("rp", "f3", 168, 54, 64),
+        ("sc", "max", 177, 47, 52),
+    ]
+    split_of = ["train"] * 24 + ["dev"] * 2 + ["test"] * 3
+    return tuple(
+        Speaker(f"{accent}_{variant.lower()}", accent, variant, rate, pitch, rng, split)
+        for (accent, variant, rate, pitch, rng), split in zip(rows, split_of, strict=True)
+    )
+
+
+SPEAKERS = _speakers()
+
+
+# ---------------------------------------------------------------------------------------
+# Planning (parent process, deterministic in the seed)
+# ---------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Utterance:
+    """Everything needed to render one utterance, fixed before any audio is made.
+
+    gain_db: peak level in dBFS; lead_s / trail_s: silence kept before / after speech;
+    noise_db: RMS of the added noise floor in dBFS; seed: for espeak-ng and the noise.
+    """
+
+    utt_id: str
+    split: str
+    speaker: str
+    voice: str
+    variant: str
+    text: str
+    spoken: str
+    rate: int
+    pitch: int
+    pitch_range: int
+    gain_db: float
+    lead_s: float
+    trail_s: float
+    noise_db: float
+    seed: int
+
+    @property
+    def audio_filepath(self) -> str:
+        return f"audio/{self.utt_id}.wav"
+
+
+# Least-squares fit of speech seconds (edge silences excluded) on characters x 175 / rate,
+# over 140 utterances of every speaker rendered with espeak-ng 1.52.
+_EST_INTERCEPT_S = 0.04
+_EST_S_PER_CHAR = 0.052
+
+
+def estimate_duration(text: str, rate: int) -> float:
+    """Approximate speech seconds espeak-ng needs for `text` at `rate` words per minute.
+
+    Used only to decide how many utterances fill --hours; the manifests carry the
+    measured durations.
+    """
+    return _EST_INTERCEPT_S + _EST_S_PER_CHAR * len(text) * 175.0 / rate
+
+
+def plan_corpus(hours: float, seed: int) -> list[Utterance]:
+    """All utterances of the corpus in manifest order (test, dev, train).
+
+    Each split gets SPLIT_FRACTIONS[split] * hours of (estimated) audio, and at least one
+    utterance per speaker; speakers take turns so each has an equal share.
+    """
+    rng = random.Random(f"jaxspeech-synth-plan-{seed}")
+    sentences = sentences_lib.SentenceGenerator(seed)
+    plan: list[Utterance] = []
+    for split in ("test", "dev", "train"):  # held-out splits first: stable if hours change
+        speakers = [s for s in SPEAKERS if s.split == split]
+        target_s = hours * 3600.0 * SPLIT_FRACTIONS[split]
+        counts = dict.fromkeys((s.name for s in speakers), 0)
+        total_s, i = 0.0, 0
+        while total_s < target_s or i < len(speakers):
+            spk = speakers[i % len(speakers)]
+            i += 1
+            counts[spk.name] += 1
+            sentence = next(sentences)
+            # Per-utterance jitter around the speaker's base: about +-10% rate (roughly
+            # 145-205 wpm overall), a few steps of pitch and range.
+            rate = round(spk.rate * rng.uniform(0.9, 1.1))
+            utt = Utterance(
+                utt_id=f"{split}-{spk.name}-{counts[spk.name]:05d}",
+                split=split,
+                speaker=spk.name,
+                voice=spk.voice,
+                variant=spk.variant,
+                text=sentence.text,
+                spoken=sentence.spoken,
+                rate=rate,
+                pitch=min(100, max(0, spk.pitch + rng.randint(-6, 6))),
+                pitch_range=min(100, max(0, spk.pitch_range + rng.randint(-10, 10))),
+                gain_db=round(rng.uniform(-10.0, -1.0), 2),
+                lead_s=round(rng.uniform(0.03, MAX_EDGE_SILENCE_S), 3),
+                trail_s=round(rng.uniform(0.03, MAX_EDGE_SILENCE_S), 3),
+                noise_db=round(rng.uniform(-80.0, -60.0), 1),
+                seed=rng.getrandbits(31),
+            )
+            plan.append(utt)
+            total_s += estimate_duration(utt.text, rate) + utt.lead_s + utt.trail_s
+    return plan
+
+
+def _chunks(plan: Sequence[Utterance]) -> list[list[Utterance]]:
+    """Fixed render chunks: per split, consecutive runs of at most CHUNK_SIZE."""
+    chunks = []
+    for split in SPLITS:
+        utts = [u for u in plan if u.split == split]
+        chunks += [utts[i : i + CHUNK_SIZE] for i in range(0, len(utts), CHUNK_SIZE)]
+    return chunks
+
+
+# ---------------------------------------------------------------------------------------
+# Rendering (worker processes)
+# ---------------------------------------------------------------------------------------
+
+
+def render(utt: Utterance, tts: espeak.Espeak) -> np.ndarray:
+    """Synthesize, resample to 16 kHz, set edge silences, level and noise floor.
+
+    Returns (N,) int16 samples at SAMPLE_RATE.
+    """
+    tts.set_voice(utt.voice, utt.variant)
+    tts.set_prosody(utt.rate, utt.pitch, utt.pitch_range)
+    raw = tts.synthesize(utt.spoken, seed=utt.seed)
+    if raw.size == 0:
+        raise RuntimeError(f"espeak-ng produced no audio for {utt.utt_id}: {utt.spoken!r}")
+    x = soxr.resample(raw.astype(np.float32) / 32768.0, tts.sample_rate, SAMPLE_RATE, "HQ")
+    # Speech bounds: first/last sample above -50 dB re peak (low enough to keep soft
+    # fricative onsets and releases) plus a 10 ms guard; what lies outside is replaced by
+    # exactly the planned silences.
+    peak = float(np.max(np.abs(x)))
+    loud = np.flatnonzero(np.abs(x) > peak * 10 ** (-50 / 20))
+    guard = SAMPLE_RATE // 100
+    start, stop = max(0, loud[0] - guard), min(len(x), loud[-1] + 1 + guard)
+    speech = x[start:stop] * (10 ** (utt.gain_db / 20) / peak)
+    lead, trail = round(utt.lead_s * SAMPLE_RATE), round(utt.trail_s * SAMPLE_RATE)
+    y = np.concatenate(
+        [np.zeros(lead, np.float32), speech.astype(np.float32), np.zeros(trail, np.float32)]
+    )
+    # A faint noise floor, so no frame is digital silence (log-mel of zeros is -inf-like
+    # and never occurs in real recordings).
+    noise = np.random.default_rng(utt.seed).standard_normal(len(y)).astype(np.float32)
+    y += noise * np.float32(10 ** (utt.noise_db / 20))
+    return np.clip(np.round(y * 32767.0), -32768, 32767).astype(np.int16)
+
+
+def _render_chunk(task: tuple[str, list[Utterance]]) -> list[tuple[str, int]]:
+    """Worker: render a chunk into OUTPUT/<split>/audio; returns (utt_id, num_samples)."""
+    output, utts = task
+    tts = espeak.Espeak.get()  # one initialization per worker process
+    out = []
+    for utt in utts:
+        samples = render(utt, tts)
+        path = os.path.join(output, utt.split, utt.audio_filepath)
+        sf.write(path, samples, SAMPLE_RATE, subtype="PCM_16", format="WAV")
+        out.append((utt.utt_id, len(samples)))
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# Output directory handling
+# ---------------------------------------------------------------------------------------
+
+
+def _identity(hours: float, seed: int) -> dict:
+    """What makes two builds identical (--workers does not change the output)."""
+    return {
+        "hours_requested": hours,
+        "seed": seed,
+        "generator_version": GENERATOR_VERSION,
+        "sentences_version": sentences_lib.SENTENCES_VERSION,
+    }
+
+
+def _prepare_output(output: str, identity: dict) -> None:
+    """Make `output` ready for a build, refusing to mix with anything else.
+
+    An empty or missing directory is used as is. A directory holding a complete or
+    interrupted build of ours with the same arguments is cleared and rebuilt. Anything
+    else is an error.
+    """
+    if not os.path.exists(output):
+        os.makedirs(output)
+        return
+    if not os.path.isdir(output):
+        raise FileExistsError(f"--output {output} exists and is not a directory")
+    entries = set(os.listdir(output))
+    if not entries:
+        return
+    ours = set(SPLITS) | {INFO_FILE, PARTIAL_FILE}
+    previous = None
+    for name in (INFO_FILE, PARTIAL_FILE):
+        if name in entries:
+            try:
+                with open(os.path.join(output, name)) as f:
+                    previous = json.load(f)
+            except (OSError, json.JSONDecodeError):
+                previous = None
+            break
+    if previous is None or (entries - ours):
+        raise FileExistsError(
+            f"--output {output} is not empty and does not hold a synth_demo corpus "
+            f"(found: {', '.join(sorted(entries)[:8])}); choose an empty or new directory"
+        )
+    found = {k: previous.get(k) for k in identity}
+    if found != identity:
+        raise FileExistsError(
+            f"--output {output} holds a synth_demo corpus built with {found}, not "
+            f"{identity}; remove it or choose another directory"
+        )
+    for name in entries:
+        path = os.path.join(output, name)
+        shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+
+
+# ---------------------------------------------------------------------------------------
+# Build
+# ---------------------------------------------------------------------------------------
+
+
+def _words(texts) -> set[str]:
+    return {w for t in texts for w in t.split()}
+
+
+def build_corpus(
+    output: str, hours: float = 3.0, seed: int = 0, workers: int | None = None
+) -> dict:
+    """Plan, render and describe the corpus in `output`; returns the corpus_info dict."""
+    if not hours > 0:
+        raise ValueError(f"--hours must be positive, got {hours}")
+    workers = workers or os.cpu_count() or 1
+    if workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {workers}")
+    t0 = time.monotonic()
+    identity = _identity(hours, seed)
+    _prepare_output(output, identity)
+    with open(os.path.join(output, PARTIAL_FILE), "w") as f:
+        json.dump(identity, f)
+
+    plan = plan_corpus(hours, seed)
+    for split in SPLITS:
+        os.makedirs(os.path.join(output, split, "audio"))
+    chunks = _chunks(plan)
+    print(
+        f"synth_demo: {len(plan)} utterances (~{hours:g} h) in {len(chunks)} chunks, "
+        f"{min(workers, len(chunks))} workers -> {output}",
+        flush=True,
+    )
+
+    num_samples: dict[str, int] = {}
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(min(workers, len(chunks)), maxtasksperchild=1) as pool:
+        done_s, report_every, next_report = 0.0, max(1, len(chunks) // 10), 0
+        for k, results in enumerate(pool.imap(_render_chunk, [(output, c) for c in chunks])):
+            for utt_id, n in results:
+                num_samples[utt_id] = n
+                done_s += n / SAMPLE_RATE
+            if k >= next_report or k == len(chunks) - 1:
+                next_report = k + report_every
+                print(
+                    f"  {len(num_samples)}/{len(plan)} utterances, {done_s / 3600:.2f} h, "
+                    f"{time.monotonic() - t0:.0f} s",
+                    flush=True,
+                )
+
+    info = {
+        "generator": "data_prep.synth_demo",
+        **identity,
+        "sample_rate": SAMPLE_RATE,
+        "splits": {},
+        "speakers": {
+            s.name: {
+                "split": s.split,
+                "voice": s.voice,
+                "variant": s.variant,
+                "rate": s.rate,
+                "pitch": s.pitch,
+                "pitch_range": s.pitch_range,
+            }
+            for s in SPEAKERS
+        },
+    }
+    for split in SPLITS:
+        utts = [u for u in plan if u.split == split]
+        seconds = 0.0
+        with open(os.path.join(output, split, "manifest.jsonl"), "w") as f:
+            for u in utts:
+                duration = num_samples[u.utt_id] / SAMPLE_RATE
+                seconds += duration
+                row = {
+                    "audio_filepath": u.audio_filepath,
+                    "text": u.text,
+                    "duration": duration,
+                    "speaker": u.speaker,
+                }
+                f.write(json.dumps(row) + "\n")
+        info["splits"][split] = {
+            "utterances": len(utts),
+            "hours": round(seconds / 3600, 4),
+            "speakers": sorted({u.speaker for u in utts}),
+            "distinct_words": len(_words(u.text for u in utts)),
+        }
+    info["distinct_words"] = len(_words(u.text for u in plan))
+    info["espeak_ng_version"] = espeak.library_version()
+    with open(os.path.join(output, INFO_FILE), "w") as f:
+        json.dump(info, f, indent=2)
+        f.write("\n")
+    os.remove(os.path.join(output, PARTIAL_FILE))
+
+    wall = time.monotonic() - t0
+    print(f"synth_demo: done in {wall:.1f} s")
+    for split in SPLITS:
+        s = info["splits"][split]
+        print(
+            f"  {split:5s} {s['utterances']:6d} utterances {s['hours']:7.3f} h "
+            f"{len(s['speakers']):3d} speakers {s['distinct_words']:6d} distinct words"
+        )
+    print(f"  distinct words overall: {info['distinct_words']}")
+    return info
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    """CLI entry point; returns the corpus_info dict (for tests)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m data_prep.synth_demo", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--output", required=True, help="corpus directory (created)")
+    parser.add_argument("--hours", type=float, default=3.0, help="total hours of audio")
+    parser.add_argument("--seed", type=int, default=0, help="seed for all choices")
+    parser.add_argument(
+        "--workers", type=int, default=None, help="worker processes (default: all CPUs)"
+    )
+    args = parser.parse_args(argv)
+    try:
+        return build_corpus(args.output, args.hours, args.seed, args.workers)
+    except (FileExistsError, ValueError) as e:
+        parser.exit(2, f"synth_demo: error: {e}\n")
+
+
+if __name__ == "__main__":
+    main()

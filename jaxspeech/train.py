@@ -1,0 +1,413 @@
+"""Train: `python -m jaxspeech.train --config configs/demo.py --workdir RUN [--config.k=v]`.
+
+One readable function, `train_and_evaluate`, in banner sections: setup -> assets
+-> data -> model & optimizer -> restore -> step -> loop -> final evaluation.
+Restarting the same command resumes from the latest checkpoint in RUN.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from absl import app, flags, logging
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+from ml_collections import ConfigDict, config_flags
+
+from jaxspeech import checkpoint as ckpt_lib
+from jaxspeech import evaluate as eval_lib
+from jaxspeech import optim
+from jaxspeech.audio.features import stats_to_mean_std
+from jaxspeech.data import pipeline as pipeline_lib
+from jaxspeech.data.tokenizer import Tokenizer
+from jaxspeech.losses.ctc import ctc_loss
+from jaxspeech.metrics.writers import MetricWriter
+from jaxspeech.parallel import mesh as mesh_lib
+from jaxspeech.parallel import rules
+
+
+class UserError(Exception):
+    """A mistake in the command, config or data: reported as one line, no traceback."""
+
+
+def log(msg: str) -> None:
+    if jax.process_index() == 0:
+        print(msg, flush=True)
+
+
+# ---------------------------------------------------------------- assets
+def install_assets(config: ConfigDict, workdir: str) -> tuple[str, np.ndarray, np.ndarray]:
+    """Copy the data's tokenizer and feature statistics into RUN/assets (first run only).
+
+    Returns (tokenizer dir, mean (F,), std (F,)). A resumed run keeps its own
+    assets; if the data directory's tokenizer changed since, that is an error.
+    """
+    data_dir, split = config.data.dir, config.data.train_split
+    src_tok = os.path.join(data_dir, eval_lib.TOKENIZER)
+    stats_path = os.path.join(data_dir, split, "stats.json")
+    for p in (src_tok, stats_path):
+        if not os.path.exists(p):
+            raise UserError(
+                f"{p} not found: data.dir={data_dir!r} is not a prepared corpus "
+                f"(run `python -m data_prep.prepare ... --output {data_dir} --split {split}`)"
+            )
+    assets = os.path.join(workdir, eval_lib.ASSETS)
+    dst_tok = os.path.join(assets, eval_lib.TOKENIZER)
+    if jax.process_index() == 0 and not os.path.exists(dst_tok):
+        os.makedirs(assets, exist_ok=True)
+        shutil.copytree(src_tok, dst_tok + ".tmp", dirs_exist_ok=True)
+        shutil.copy(stats_path, os.path.join(assets, "stats.json"))
+        os.replace(dst_tok + ".tmp", dst_tok)
+    _wait_for(dst_tok)
+    if Tokenizer.load(src_tok).vocab_size != Tokenizer.load(dst_tok).vocab_size:
+        raise UserError(
+            f"the tokenizer in {src_tok} differs from this run's ({dst_tok}); "
+            "use a new --workdir for a re-prepared corpus"
+        )
+    with open(os.path.join(assets, "stats.json")) as f:
+        stats = json.load(f)
+    expected = eval_lib.feature_config(config).as_dict()
+    got = {k: stats["feature"].get(k) for k in expected}
+    if any(
+        not (got[k] == v or (isinstance(v, float) and math.isclose(got[k] or 0.0, v)))
+        for k, v in expected.items()
+    ):
+        raise UserError(
+            f"feature statistics in {stats_path} were computed with {got}, but the config "
+            f"asks for {expected}; re-run data_prep.prepare with matching feature flags"
+        )
+    mean, std = stats_to_mean_std(stats["count"], stats["sum"], stats["sum_sq"])
+    return dst_tok, mean, std
+
+
+def _wait_for(path: str, timeout_s: float = 300.0) -> None:
+    """Other processes wait for process 0 to install the assets (shared filesystem)."""
+    t0 = time.time()
+    while not os.path.exists(path):
+        if time.time() - t0 > timeout_s:
+            raise UserError(f"{path} did not appear: is RUN on a filesystem all hosts share?")
+        time.sleep(0.5)
+
+
+# ---------------------------------------------------------------- the step
+def make_train_step(
+    graphdef, tx: optax.GradientTransformation, seed: int, blank_id: int
+) -> Callable:
+    """(params, model_vars, opt_state, batch, step) -> (params, opt_state, metrics)."""
+
+    def loss_fn(params, model_vars, batch, key):
+        model = nnx.merge(graphdef, params, model_vars)
+        logits, logit_len = model(
+            batch["audio"], batch["audio_len"], train=True, rngs=nnx.Rngs(key)
+        )
+        loss_b, valid_b = ctc_loss(
+            logits, logit_len, batch["labels"], batch["label_len"], blank_id=blank_id
+        )
+        w = batch["weight"] * valid_b
+        tokens = jnp.sum(w * batch["label_len"])
+        # Per-token loss: buckets of different batch sizes get the same gradient scale.
+        loss = jnp.sum(w * loss_b) / jnp.maximum(tokens, 1.0)
+        aux = {
+            "utt_loss": jnp.sum(w * loss_b) / jnp.maximum(jnp.sum(w), 1.0),
+            "utterances": jnp.sum(w),
+            "tokens": tokens,
+            "skipped_infeasible": jnp.sum(batch["weight"] * (1.0 - valid_b)),
+            "skipped_label_overflow": jnp.sum(batch["label_overflow"]).astype(jnp.float32),
+        }
+        return loss, aux
+
+    def train_step(params, model_vars, opt_state, batch, step):
+        key = jax.random.fold_in(jax.random.key(seed + 1), step)
+        (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+            params, model_vars, batch, key
+        )
+        updates, opt_state = tx.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        metrics = aux | {"loss": loss, "grad_norm": optax.tree.norm(grads)}
+        return params, opt_state, metrics
+
+    return train_step
+
+
+def init_opt_state(tx: optax.GradientTransformation, params: dict, mesh) -> tuple:
+    """Optimizer state laid out like the parameters (moments inherit their shardings).
+
+    Scalars such as Adam's step count come out of XLA on one device; they are
+    replicated over the mesh so the jitted step sees one consistent device set.
+    """
+    opt_state = jax.jit(tx.init)(params)
+    replicated = NamedSharding(mesh, PartitionSpec())
+
+    def on_mesh(x):
+        s = x.sharding
+        return s if isinstance(s, NamedSharding) and s.mesh == mesh else replicated
+
+    shardings = jax.tree.map(on_mesh, opt_state)
+    return jax.device_put(opt_state, shardings), shardings
+
+
+# ---------------------------------------------------------------- train_and_evaluate
+def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
+    """Trains `config` in `workdir` (resuming if it holds checkpoints); returns the final eval."""
+    # ---------------------------------------------------------- setup
+    if not os.path.isdir(config.data.dir):
+        raise UserError(
+            f"data directory {config.data.dir!r} does not exist; prepare it with "
+            "`python -m data_prep.prepare` or set --config.data.dir"
+        )
+    try:
+        mesh = mesh_lib.make_mesh(config.mesh.to_dict())
+    except mesh_lib.MeshConfigError as e:
+        raise UserError(str(e)) from e
+    os.makedirs(workdir, exist_ok=True)
+    if jax.process_index() == 0:
+        with open(os.path.join(workdir, "config.json"), "w") as f:
+            f.write(config.to_json_best_effort(indent=1))
+    log(
+        f"devices: {jax.device_count()} x {jax.devices()[0].device_kind}, "
+        f"{jax.process_count()} process(es); mesh {dict(mesh.shape)}"
+    )
+
+    # ---------------------------------------------------------- assets
+    tokenizer_dir, mean, std = install_assets(config, workdir)
+    tokenizer = Tokenizer.load(tokenizer_dir)
+
+    # ---------------------------------------------------------- data
+    multiple_of = math.lcm(mesh_lib.num_batch_shards(mesh), jax.process_count())
+    spec = pipeline_lib.make_bucket_spec(
+        config.data.bucket_boundaries,
+        config.data.batch_seconds,
+        config.data.max_tokens_per_second,
+        config.features.sample_rate,
+        multiple_of=multiple_of,
+    )
+    try:
+        train_pipe = pipeline_lib.make_pipeline(
+            data_dir=config.data.dir,
+            split=config.data.train_split,
+            tokenizer_dir=tokenizer_dir,
+            spec=spec,
+            seed=config.seed,
+            train=True,
+            process_index=jax.process_index(),
+            process_count=jax.process_count(),
+            num_workers=config.data.num_workers,
+            prefetch=config.data.prefetch,
+        )
+    except FileNotFoundError as e:
+        raise UserError(str(e)) from e
+    log(f"train data: {train_pipe.describe()}")
+    train_iter = train_pipe.iterator()
+
+    # ---------------------------------------------------------- model & optimizer
+    graphdef, abs_params, abs_vars, p_shard, v_shard = eval_lib.abstract_model(
+        config, tokenizer.vocab_size, mesh
+    )
+
+    def init_params():
+        model = eval_lib.make_model(config, tokenizer.vocab_size, config.seed)
+        return nnx.to_pure_dict(nnx.state(model, nnx.Param))
+
+    params = jax.jit(init_params, out_shardings=p_shard)()
+    model_vars = jax.device_put({"frontend": {"mean": mean, "std": std}}, v_shard)
+    log(f"model: {config.model.name}, " + rules.describe_shardings(abs_params, p_shard, mesh))
+    num_steps = int(config.train.num_steps)
+    tx, schedule = optim.make_optimizer(config.optim, num_steps)
+    opt_state, o_shard = init_opt_state(tx, params, mesh)
+
+    # ---------------------------------------------------------- restore
+    ckpt = ckpt_lib.Checkpointer(workdir, max_to_keep=config.train.keep_checkpoints)
+    start = ckpt.latest_step() or 0
+    if start:
+        t0 = time.time()
+        restored = ckpt.restore(
+            start,
+            abstract_model={"params": abs_params, "model_vars": abs_vars},
+            abstract_train={
+                "opt_state": ckpt_lib.abstract_like(opt_state, o_shard),
+                "step": jax.ShapeDtypeStruct((), jnp.int32),
+            },
+            data_iter=train_iter,
+        )
+        params = restored[ckpt_lib.MODEL]["params"]
+        model_vars = restored[ckpt_lib.MODEL]["model_vars"]
+        opt_state = restored[ckpt_lib.TRAIN]["opt_state"]
+        log(f"resumed from step {start} in {time.time() - t0:.1f}s")
+
+    # ---------------------------------------------------------- step
+    batch_shard = {
+        k: mesh_lib.batch_sharding(mesh, nd)
+        for k, nd in (
+            ("audio", 2),
+            ("audio_len", 1),
+            ("labels", 2),
+            ("label_len", 1),
+            ("weight", 1),
+            ("label_overflow", 1),
+        )
+    }
+    train_step = jax.jit(
+        make_train_step(graphdef, tx, config.seed, tokenizer.blank_id),
+        in_shardings=(p_shard, v_shard, o_shard, batch_shard, None),
+        out_shardings=(p_shard, o_shard, None),
+        donate_argnums=(0, 2),
+    )
+    decode_fn = eval_lib.make_decode_fn(graphdef)
+    writer = MetricWriter(os.path.join(workdir, "tensorboard"))
+
+    def run_eval(step: int) -> dict:
+        result = eval_lib.evaluate_split(
+            config=config,
+            decode_fn=decode_fn,
+            params=params,
+            model_vars=model_vars,
+            mesh=mesh,
+            data_dir=config.data.dir,
+            split=config.data.eval_split,
+            tokenizer_dir=tokenizer_dir,
+        )
+        eval_lib.write_result(workdir, result, step)
+        writer.scalars(
+            step,
+            {
+                f"eval/{result['split']}/wer": result["wer"],
+                f"eval/{result['split']}/cer": result["cer"],
+            },
+        )
+        log(
+            f"eval step {step}: {result['split']} WER {result['wer']:.2%} CER {result['cer']:.2%} "
+            f"({result['num_utts']} utts, {result['eval_seconds']}s)"
+        )
+        for ex in result["examples"]:
+            log(f"  ref: {ex['ref']}\n  hyp: {ex['hyp']}")
+        return result
+
+    # ---------------------------------------------------------- loop
+    log(
+        f"training steps {start} -> {num_steps}; {len(spec.boundaries)} batch shapes: "
+        f"{spec.shapes()}"
+    )
+    pending: list[dict] = []
+    t_window, t_start, steps_window = time.time(), time.time(), 0
+    sr = config.features.sample_rate
+    # train.run_steps > 0 ends this invocation early (job queues with wall-time limits:
+    # resubmit the same command and it resumes); the schedule still spans num_steps.
+    stop = min(num_steps, start + config.train.run_steps) if config.train.run_steps else num_steps
+    for step in range(start, stop):
+        batch = next(train_iter)
+        audio_s = float(np.sum(batch["audio_len"] * batch["weight"])) / sr
+        batch = mesh_lib.host_to_global(mesh, batch)
+        params, opt_state, metrics = train_step(
+            params, model_vars, opt_state, batch, jnp.int32(step)
+        )
+        pending.append(metrics | {"audio_seconds": audio_s})
+        steps_window += 1
+        done = step + 1
+        if done % config.train.log_every == 0 or done in (num_steps, stop):
+            fetched = jax.device_get(pending)
+            dt = time.time() - t_window
+            m = {k: float(np.mean([p[k] for p in fetched])) for k in fetched[0]}
+            sums = {
+                k: float(np.sum([p[k] for p in fetched]))
+                for k in ("audio_seconds", "skipped_infeasible", "skipped_label_overflow")
+            }
+            audio_per_s = sums["audio_seconds"] * jax.process_count() / dt
+            rate = steps_window / dt
+            eta = (num_steps - done) / max(rate, 1e-9)
+            writer.scalars(
+                done,
+                {
+                    "train/loss": m["loss"],
+                    "train/utt_loss": m["utt_loss"],
+                    "train/grad_norm": m["grad_norm"],
+                    "train/lr": float(schedule(step)),
+                    "train/steps_per_s": rate,
+                    "train/audio_s_per_s": audio_per_s,
+                    "train/skipped_infeasible": sums["skipped_infeasible"],
+                    "train/skipped_label_overflow": sums["skipped_label_overflow"],
+                },
+            )
+            log(
+                f"step {done}/{num_steps} | loss {m['loss']:.3f} (utt {m['utt_loss']:.1f}) | "
+                f"grad {m['grad_norm']:.2f} | lr {float(schedule(step)):.2e} | "
+                f"{rate:.2f} steps/s | "
+                f"{audio_per_s:.0f} audio s/s | ETA {eta / 60:.1f} min"
+                + (
+                    f" | skipped {sums['skipped_infeasible']:.0f} infeasible, "
+                    f"{sums['skipped_label_overflow']:.0f} too long"
+                    if sums["skipped_infeasible"] or sums["skipped_label_overflow"]
+                    else ""
+                )
+            )
+            pending, t_window, steps_window = [], time.time(), 0
+        if done % config.train.checkpoint_every == 0 or done in (num_steps, stop):
+            ckpt.save(
+                done,
+                model={"params": params, "model_vars": model_vars},
+                train={"opt_state": opt_state, "step": jnp.int32(done)},
+                data_iter=train_iter,
+            )
+        if config.train.eval_every and done % config.train.eval_every == 0 and done < num_steps:
+            run_eval(done)
+    ckpt.wait()
+    if stop > start:
+        log(f"trained steps {start} -> {stop} in {(time.time() - t_start) / 60:.1f} min")
+    if stop < num_steps:
+        log(f"stopping at step {stop} of {num_steps} (train.run_steps); rerun to resume")
+        writer.close()
+        ckpt.close()
+        return {}
+
+    # ---------------------------------------------------------- final evaluation
+    result = run_eval(num_steps) if config.train.eval_at_end else {}
+    writer.close()
+    ckpt.close()
+    return result
+
+
+# ---------------------------------------------------------------- CLI
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py[:variant]).")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: checkpoints, logs, assets.")
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if _CONFIG.value is None or _WORKDIR.value is None:
+        raise app.UsageError("--config and --workdir are required")
+    try:
+        train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl flag parsing with config mistakes (unknown key, bad value) as one clear line."""
+    try:
+        rest = flags.FLAGS(argv)
+        if _CONFIG.value is not None:  # the config file loads lazily: load it now
+            _CONFIG.value.to_dict()
+        return rest
+    except (flags.Error, AttributeError, KeyError, OSError, TypeError, ValueError) as e:
+        # ml_collections nests the cause's traceback in the message: keep its last line.
+        lines = [ln.strip() for ln in str(e).replace("\\n", "\n").splitlines() if ln.strip()]
+        msg = " ".join(lines) if len(lines) <= 3 else lines[-1]
+        msg = msg.replace("\\'", "'").strip("'")
+        print(f"error: bad command line: {msg}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    logging.set_verbosity(logging.WARNING)
+    app.run(main, flags_parser=parse_flags)

@@ -1,0 +1,13 @@
+"""Test-wide setup: 8 CPU devices, so sharding tests run on a simulated mesh."""
+
+import os
+
+# Must happen before jax initializes its backend (i.e. before any test imports jax).
+os.environ["JAX_PLATFORMS"] = "cpu"
+_flags = os.environ.get("XLA_FLAGS", "")
+if "xla_force_host_platform_device_count" not in _flags:
+    os.environ["XLA_FLAGS"] = f"{_flags} --xla_force_host_platform_device_count=8".strip()
+
+import jax  # noqa: E402
+
+jax.config.update("jax_default_matmul_precision", "highest")

@@ -1,0 +1,200 @@
+"""Tests for the espeak-ng demo corpus: wrapper, sentence generator and the CLI end to end."""
+
+import hashlib
+import json
+import os
+import re
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from data_prep import sentences, synth_demo
+from data_prep.espeak import Espeak, EspeakError
+
+TINY_HOURS = "0.02"  # ~30 utterances: every speaker once, a few seconds of synthesis
+
+
+def _run(out, seed=0, workers=1):
+    return synth_demo.main(
+        [
+            "--output",
+            str(out),
+            "--hours",
+            TINY_HOURS,
+            "--seed",
+            str(seed),
+            "--workers",
+            str(workers),
+        ]
+    )
+
+
+def _manifest(root, split):
+    with open(os.path.join(root, split, "manifest.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def _digest(root) -> dict[str, str]:
+    """sha256 of every file under root, by relative path."""
+    out = {}
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            path = os.path.join(dirpath, name)
+            with open(path, "rb") as f:
+                out[os.path.relpath(path, root)] = hashlib.sha256(f.read()).hexdigest()
+    return out
+
+
+@pytest.fixture(scope="module")
+def corpora(tmp_path_factory):
+    """The tiny corpus built three ways: seed 0 with 1 and 2 workers, seed 1."""
+    # Small render chunks so the train split spans several worker processes, exercising
+    # the fresh-process-per-chunk rule that makes output independent of --workers.
+    mp = pytest.MonkeyPatch()
+    mp.setattr(synth_demo, "CHUNK_SIZE", 8)
+    base = tmp_path_factory.mktemp("synth")
+    try:
+        dirs = {"w1": base / "w1", "w2": base / "w2", "seed1": base / "seed1"}
+        infos = {
+            "w1": _run(dirs["w1"], seed=0, workers=1),
+            "w2": _run(dirs["w2"], seed=0, workers=2),
+            "seed1": _run(dirs["seed1"], seed=1, workers=2),
+        }
+    finally:
+        mp.undo()
+    return dirs, infos
+
+
+def test_manifests_and_audio(corpora):
+    dirs, infos = corpora
+    root = dirs["w1"]
+    ids = set()
+    for split in synth_demo.SPLITS:
+        rows = _manifest(root, split)
+        assert rows and infos["w1"]["splits"][split]["utterances"] == len(rows)
+        for row in rows:
+            assert list(row) == ["audio_filepath", "text", "duration", "speaker"]
+            assert re.fullmatch(r"audio/[a-z]+-[a-z0-9_]+-\d{5}\.wav", row["audio_filepath"])
+            utt_id = row["audio_filepath"][len("audio/") : -len(".wav")]
+            assert utt_id.startswith(f"{split}-{row['speaker']}-") and utt_id not in ids
+            ids.add(utt_id)
+            assert re.fullmatch(r"[a-z']+( [a-z']+)*", row["text"])
+            assert 4 <= len(row["text"].split()) <= 16
+            path = os.path.join(root, split, row["audio_filepath"])
+            info = sf.info(path)
+            assert (info.samplerate, info.channels, info.subtype) == (16000, 1, "PCM_16")
+            samples, _ = sf.read(path, dtype="int16")
+            assert samples.ndim == 1
+            assert row["duration"] == pytest.approx(len(samples) / 16000, abs=1e-9)
+            # Edge silences are at most ~0.2 s: speech starts and ends near the edges.
+            loud = np.flatnonzero(np.abs(samples.astype(np.int32)) > 0.01 * 32768)
+            assert loud[0] / 16000 < 0.25 and (len(samples) - loud[-1]) / 16000 < 0.25
+    info = json.loads((root / "corpus_info.json").read_text())
+    assert info["seed"] == 0 and info["generator_version"] == synth_demo.GENERATOR_VERSION
+    assert info["distinct_words"] > 0 and set(info["splits"]) == set(synth_demo.SPLITS)
+    assert not (root / synth_demo.PARTIAL_FILE).exists()
+
+
+def test_splits_disjoint_and_held_out_speakers(corpora):
+    dirs, _ = corpora
+    texts, speakers = {}, {}
+    for split in synth_demo.SPLITS:
+        rows = _manifest(dirs["w1"], split)
+        texts[split] = {r["text"] for r in rows}
+        speakers[split] = {r["speaker"] for r in rows}
+    assert not texts["train"] & texts["dev"]
+    assert not texts["train"] & texts["test"]
+    assert not texts["dev"] & texts["test"]
+    assert len(speakers["test"]) >= 2 and not speakers["test"] & (
+        speakers["train"] | speakers["dev"]
+    )
+    assert len(speakers["dev"]) == 2 and not speakers["dev"] & speakers["train"]
+    assert len(speakers["train"]) >= 20
+    # Held-out speakers are new timbres (variants), in accents that train covers.
+    train_spk = [s for s in synth_demo.SPEAKERS if s.split == "train"]
+    for s in synth_demo.SPEAKERS:
+        if s.split != "train":
+            assert s.variant not in {t.variant for t in train_spk}
+            assert s.accent in {t.accent for t in train_spk}
+
+
+def test_deterministic_across_workers_and_seeds(corpora):
+    dirs, infos = corpora
+    assert _digest(dirs["w1"]) == _digest(dirs["w2"])
+    assert _digest(dirs["seed1"]) != _digest(dirs["w1"])
+    assert _manifest(dirs["w1"], "train") != _manifest(dirs["seed1"], "train")
+
+
+def test_output_dir_rules(corpora, tmp_path, monkeypatch, capsys):
+    dirs, _ = corpora
+    monkeypatch.setattr(synth_demo, "CHUNK_SIZE", 8)  # as the fixture built it
+    # Another seed into an existing corpus: refused, nothing touched.
+    before = _digest(dirs["w2"])
+    with pytest.raises(SystemExit):
+        _run(dirs["w2"], seed=5)
+    assert "built with" in capsys.readouterr().err
+    assert _digest(dirs["w2"]) == before
+    # The same arguments again: rebuilt in place, identical.
+    _run(dirs["w2"], seed=0, workers=2)
+    assert _digest(dirs["w2"]) == before
+    # A directory holding something else: refused.
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    with pytest.raises(SystemExit):
+        _run(other)
+    assert "does not hold a synth_demo corpus" in capsys.readouterr().err
+    assert os.listdir(other) == ["notes.txt"]
+
+
+def test_sentence_generator_vocabulary():
+    # As many sentences as the default corpus (3 h, seed 0) has utterances.
+    n = len(synth_demo.plan_corpus(3.0, 0))
+    gen = sentences.SentenceGenerator(0)
+    batch = gen.take(n)
+    assert len({s.text for s in batch}) == n
+    words = {w for s in batch for w in s.text.split()}
+    assert len(words) >= 2000, len(words)
+    for s in batch[:500]:
+        assert re.fullmatch(r"[a-z']+( [a-z']+)*", s.text)
+        assert sentences.MIN_WORDS <= s.num_words <= sentences.MAX_WORDS
+        # The spoken text is the transcript plus capitals and punctuation, nothing else.
+        assert re.sub(r"[,.?!]", "", s.spoken).lower() == s.text
+    assert [s.text for s in sentences.SentenceGenerator(0).take(50)] == [s.text for s in batch[:50]]
+    assert sentences.SentenceGenerator(1).take(50) != batch[:50]
+
+
+def test_morphology():
+    assert [sentences.pluralize(w) for w in ("box", "city", "key", "bus", "piano")] == [
+        "boxes",
+        "cities",
+        "keys",
+        "buses",
+        "pianos",
+    ]
+    verbs = sentences._VERBS
+    assert (verbs["drop"].past, verbs["drop"].ing) == ("dropped", "dropping")
+    assert (verbs["carry"].s, verbs["carry"].past) == ("carries", "carried")
+    assert (verbs["go"].s, verbs["go"].past, verbs["go"].pp) == ("goes", "went", "gone")
+    assert (verbs["swim"].past, verbs["swim"].ing) == ("swam", "swimming")
+    assert (verbs["tie"].ing, verbs["smile"].ing) == ("tying", "smiling")
+    assert " ".join(sentences.number_words(342)) == "three hundred and forty two"
+    assert " ".join(sentences.year_words(1905)) == "nineteen oh five"
+    assert sentences.indefinite_article("hour") == "an"
+    assert sentences.indefinite_article("uniform") == "a"
+
+
+def test_espeak_wrapper():
+    tts = Espeak.get()
+    assert tts.sample_rate == 22050
+    tts.set_voice("en-us", "m3")
+    tts.set_prosody(rate=175, pitch=50, pitch_range=50)
+    wav = tts.synthesize("Hello there.")
+    assert wav.dtype == np.int16 and wav.ndim == 1 and len(wav) > 0.3 * tts.sample_rate
+    with pytest.raises(EspeakError, match="cannot load voice"):
+        tts.set_voice("xx-nonexistent")
+    with pytest.raises(EspeakError, match="unknown espeak-ng voice variant"):
+        tts.set_voice("en-us", "nosuchvariant")
+    with pytest.raises(EspeakError):
+        tts.set_prosody(rate=10)

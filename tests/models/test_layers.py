@@ -1,0 +1,98 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxspeech.audio.features import LogMelConfig
+from jaxspeech.models import build_model
+from jaxspeech.models.layers import depthwise_conv1d, rel_shift
+from jaxspeech.models.subsampling import conv_out_length, patches_3x3_s2
+
+
+def test_rel_shift_equals_explicit_gather():
+    b, h, t = 2, 3, 5
+    x = np.random.default_rng(0).standard_normal((b, h, t, 2 * t - 1)).astype(np.float32)
+    got = np.asarray(rel_shift(jnp.asarray(x)))
+    want = np.empty((b, h, t, t), np.float32)
+    for i in range(t):
+        for j in range(t):
+            want[:, :, i, j] = x[:, :, i, t - 1 - i + j]  # distance i - j
+    np.testing.assert_array_equal(got, want)
+
+
+def test_patch_conv_equals_lax_conv():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2, 17, 12, 3)).astype(np.float32)
+    w = rng.standard_normal((3, 3, 3, 5)).astype(np.float32)  # HWIO
+    want = jax.lax.conv_general_dilated(
+        x, w, (2, 2), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC")
+    )
+    patches = patches_3x3_s2(jnp.asarray(x))  # (.., 9 * C) ordered (i, j, c)
+    got = patches @ w.reshape(9 * 3, 5)
+    assert got.shape == want.shape == (2, conv_out_length(17), conv_out_length(12), 5)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-4)
+
+
+def test_depthwise_conv_equals_grouped_lax_conv():
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((2, 11, 4)).astype(np.float32)
+    w = rng.standard_normal((5, 4)).astype(np.float32)
+    bias = rng.standard_normal(4).astype(np.float32)
+    want = (
+        jax.lax.conv_general_dilated(
+            x,
+            w[:, None, :],
+            (1,),
+            [(2, 2)],
+            dimension_numbers=("NWC", "WIO", "NWC"),
+            feature_group_count=4,
+        )
+        + bias
+    )
+    np.testing.assert_allclose(
+        np.asarray(depthwise_conv1d(x, w, bias)), np.asarray(want), atol=1e-5
+    )
+
+
+def _tiny_model(**kw):
+    return build_model(
+        "conformer_ctc",
+        vocab_size=7,
+        feature_config=LogMelConfig(num_mel_bins=20),
+        dim=16,
+        num_layers=2,
+        num_heads=2,
+        conv_kernel=5,
+        subsampling_channels=4,
+        dropout=0.0,
+        rngs=nnx.Rngs(0),
+        **kw,
+    )
+
+
+def test_padding_does_not_change_valid_outputs():
+    """Appending padding to an utterance leaves its logits on valid frames unchanged."""
+    model = _tiny_model()
+    audio = np.random.default_rng(3).standard_normal((1, 8000)).astype(np.float32) * 0.1
+    short, n_short = model(jnp.asarray(audio), jnp.array([8000]))
+    padded = np.concatenate([audio, np.full((1, 4000), 0.5, np.float32)], axis=1)
+    long, n_long = model(jnp.asarray(padded), jnp.array([8000]))
+    assert int(n_short[0]) == int(n_long[0])
+    n = int(n_short[0])
+    np.testing.assert_allclose(np.asarray(short[0, :n]), np.asarray(long[0, :n]), atol=1e-4)
+
+
+def test_model_output_shapes_and_train_mode_randomness():
+    model = _tiny_model(
+        specaug=dict(num_freq_masks=1, freq_mask_width=5, num_time_masks=2, time_mask_max_ratio=0.1)
+    )
+    audio = jnp.asarray(np.random.default_rng(4).standard_normal((2, 16000)), jnp.float32)
+    lens = jnp.array([16000, 9000])
+    logits, out_len = model(audio, lens)
+    assert logits.shape[0] == 2 and logits.shape[2] == 7 and logits.dtype == jnp.float32
+    assert int(out_len[0]) == logits.shape[1]
+    a, _ = model(audio, lens, train=True, rngs=nnx.Rngs(1))
+    b, _ = model(audio, lens, train=True, rngs=nnx.Rngs(2))
+    assert not np.allclose(np.asarray(a), np.asarray(b))  # SpecAugment differs by key
+    c, _ = model(audio, lens)
+    np.testing.assert_array_equal(np.asarray(c), np.asarray(logits))  # eval is deterministic
