@@ -7,6 +7,11 @@ DEMO_DATA := data/demo
 DEMO_RUN := runs/demo
 DEMO_HOURS ?= 3.0
 DEMO_CONFIG ?= configs/demo.py
+DEMO_TOKENIZER ?= bpe
+DEMO_VOCAB ?= 128
+# A 3-hour corpus prepares fastest in one in-memory Beam worker; big corpora use the
+# multi-process DirectRunner (the default) or a distributed runner.
+DEMO_BEAM_ARGS ?= --direct_running_mode=in_memory --direct_num_workers=1
 
 .PHONY: demo test install install-dev lint format clean-demo
 
@@ -33,7 +38,8 @@ $(DEMO_DATA)/raw/.done: $(VENV)/.installed
 $(DEMO_DATA)/shards/.done: $(DEMO_DATA)/raw/.done
 	for split in train dev test; do \
 	  $(PY) -m data_prep.prepare --format manifest --input $(DEMO_DATA)/raw/$$split/manifest.jsonl \
-	    --output $(DEMO_DATA)/shards --split $$split --tokenizer char || exit 1; \
+	    --output $(DEMO_DATA)/shards --split $$split \
+	    --tokenizer $(DEMO_TOKENIZER) --vocab_size $(DEMO_VOCAB) $(DEMO_BEAM_ARGS) || exit 1; \
 	done
 	touch $@
 

@@ -66,6 +66,7 @@ from apache_beam.options.pipeline_options import (
 )
 from apache_beam.runners.runner import PipelineState
 
+from jaxspeech.audio.features import LogMelConfig, mel_filterbank
 from jaxspeech.data import records
 from jaxspeech.data.tokenizer import (
     BLANK,
@@ -106,25 +107,6 @@ class PrepareError(Exception):
 
 
 @dataclasses.dataclass(frozen=True)
-class FeatureConfig:
-    """Log-mel parameters of the normalization statistics (the trainer checks they match)."""
-
-    sample_rate: int = 16000
-    n_fft: int = 512
-    win_length: int = 400
-    hop_length: int = 160
-    num_mel_bins: int = 80
-    fmin: float = 0.0
-    fmax: float = 8000.0
-    log_floor: float = 1e-6
-    window: str = "hann"
-    center: bool = True
-
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-@dataclasses.dataclass(frozen=True)
 class PrepConfig:
     """Everything the pipeline needs, parsed from flags."""
 
@@ -141,7 +123,7 @@ class PrepConfig:
     max_duration: float
     sample_rate: int
     audio_format: str
-    feature: FeatureConfig
+    feature: LogMelConfig
 
     @property
     def split_dir(self) -> str:
@@ -202,7 +184,7 @@ def parse_args(argv: list[str]) -> tuple[PrepConfig, list[str]]:
         raise PrepareError(f"--vocab_size must be >= 3, got {fv.vocab_size}")
     if fv.sample_rate <= 0:
         raise PrepareError(f"--sample_rate must be positive, got {fv.sample_rate}")
-    feature = FeatureConfig(
+    feature = LogMelConfig(
         sample_rate=fv.sample_rate,
         n_fft=fv.n_fft,
         win_length=fv.win_length,
@@ -436,23 +418,7 @@ def _blas_controller() -> Any:
     return threadpoolctl.ThreadpoolController()
 
 
-@functools.lru_cache(maxsize=4)
-def _mel_basis(feature: FeatureConfig) -> np.ndarray:
-    """(F, n_fft // 2 + 1) float32 Slaney mel filterbank, built once per worker."""
-    import librosa  # Imported in workers only when used: its import takes a second.
-
-    return librosa.filters.mel(
-        sr=feature.sample_rate,
-        n_fft=feature.n_fft,
-        n_mels=feature.num_mel_bins,
-        fmin=feature.fmin,
-        fmax=feature.fmax,
-        htk=False,
-        norm="slaney",
-    )
-
-
-def log_mel(audio_i16: np.ndarray, feature: FeatureConfig) -> np.ndarray:
+def log_mel(audio_i16: np.ndarray, feature: LogMelConfig) -> np.ndarray:
     """The statistics' features: (F, T) float32 log-mel of an int16 waveform (N,).
 
     Equals ``log(librosa.feature.melspectrogram(y, power=2.0, pad_mode="constant",
@@ -468,20 +434,20 @@ def log_mel(audio_i16: np.ndarray, feature: FeatureConfig) -> np.ndarray:
         n_fft=feature.n_fft,
         hop_length=feature.hop_length,
         win_length=feature.win_length,
-        window=feature.window,
-        center=feature.center,
+        window="hann",
+        center=True,
         pad_mode="constant",
     )
     power = np.square(np.abs(spectrum))  # (n_fft // 2 + 1, T) float32
     # One BLAS thread: parallelism comes from Beam workers, and OpenBLAS threads contending
     # for busy cores made this small matmul 40x slower (21 ms instead of 0.5 ms).
     with _blas_controller().limit(limits=1, user_api="blas"):
-        mel = _mel_basis(feature) @ power
+        mel = mel_filterbank(feature).T @ power
     return np.log(mel + np.float32(feature.log_floor))
 
 
 def log_mel_sums(
-    audio_i16: np.ndarray, feature: FeatureConfig
+    audio_i16: np.ndarray, feature: LogMelConfig
 ) -> tuple[int, np.ndarray, np.ndarray]:
     """(frames, per-bin sum (F,) float64, per-bin sum of squares (F,) float64)."""
     feats = log_mel(audio_i16, feature).astype(np.float64)
@@ -988,7 +954,7 @@ def _finalize(cfg: PrepConfig, staging: str, start_time: float) -> dict[str, Any
     )
     stats = _read_json(os.path.join(parts, "stats.json"))
     if stats is not None:
-        write_json({"feature": cfg.feature.to_json(), **stats}, os.path.join(staging, "stats.json"))
+        write_json({"feature": cfg.feature.as_dict(), **stats}, os.path.join(staging, "stats.json"))
     events = _summarize_events(_read_json(os.path.join(parts, "events.json")))
     num_input = int(_read_json(os.path.join(parts, "num_input.json")))
     num_written = int(durations.size)

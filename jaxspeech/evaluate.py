@@ -100,7 +100,7 @@ def make_decode_fn(graphdef) -> Callable:
 # ---------------------------------------------------------------- scoring
 def eval_bucket_spec(config: ConfigDict, durations: np.ndarray, multiple_of: int):
     """Training buckets plus one up to the longest utterance, so every utterance is scored."""
-    bounds = list(config.data.bucket_boundaries)
+    bounds = list(config.data.eval_bucket_boundaries or config.data.bucket_boundaries)
     longest = float(durations.max()) if len(durations) else 0.0
     if longest > bounds[-1]:
         bounds.append(float(math.ceil(longest)))

@@ -61,6 +61,7 @@ class ConformerEncoder(nnx.Module):
         conv_kernel: int = 15,
         subsampling_channels: int = 64,
         dropout: float = 0.1,
+        scan_layers: bool = False,
         dtype: Dtype = jnp.float32,
         rngs: nnx.Rngs,
     ):
@@ -68,14 +69,20 @@ class ConformerEncoder(nnx.Module):
             num_features, subsampling_channels, dim, dtype=dtype, rngs=rngs
         )
         self.dropout = nnx.Dropout(dropout)
-        self.blocks = nnx.List(
-            [
-                ConformerBlock(
-                    dim, num_heads, ff_mult, conv_kernel, dropout, dtype=dtype, rngs=rngs
-                )
-                for _ in range(num_layers)
-            ]
+        self.num_layers = num_layers
+        self.scan_layers = scan_layers
+        make = lambda r: ConformerBlock(
+            dim, num_heads, ff_mult, conv_kernel, dropout, dtype=dtype, rngs=r
         )
+        if scan_layers:
+            # One block with every parameter stacked on a leading (unsharded) layer axis:
+            # XLA compiles the block once instead of num_layers times.
+            stacked = nnx.vmap(
+                make, in_axes=0, out_axes=0, transform_metadata={nnx.PARTITION_NAME: None}
+            )
+            self.blocks = nnx.split_rngs(splits=num_layers)(stacked)(rngs)
+        else:
+            self.blocks = nnx.List([make(rngs) for _ in range(num_layers)])
 
     def __call__(
         self,
@@ -89,6 +96,21 @@ class ConformerEncoder(nnx.Module):
         x = constrain(x, ("batch", "time", "embed"))
         x = self.dropout(x, deterministic=deterministic, rngs=rngs)
         mask = length_mask(lengths, x.shape[1])
-        for block in self.blocks:
-            x = block(x, mask, deterministic=deterministic, rngs=rngs)
-        return x, lengths
+        if not self.scan_layers:
+            for block in self.blocks:
+                x = block(x, mask, deterministic=deterministic, rngs=rngs)
+            return x, lengths
+
+        def body(x, block, rngs):
+            return block(x, mask, deterministic=deterministic, rngs=rngs)
+
+        if rngs is None or deterministic:
+            scan = nnx.scan(
+                lambda x, b: body(x, b, None), in_axes=(nnx.Carry, 0), out_axes=nnx.Carry
+            )
+            return scan(x, self.blocks), lengths
+        # Each layer draws its dropout masks from its own split of the streams.
+        scan = nnx.split_rngs(splits=self.num_layers)(
+            nnx.scan(body, in_axes=(nnx.Carry, 0, 0), out_axes=nnx.Carry)
+        )
+        return scan(x, self.blocks, rngs), lengths

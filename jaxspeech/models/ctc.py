@@ -28,6 +28,7 @@ class ConformerCTC(nnx.Module):
         conv_kernel: int = 15,
         subsampling_channels: int = 64,
         dropout: float = 0.1,
+        scan_layers: bool = False,
         specaug: dict | None = None,
         dtype: Dtype = jnp.float32,
         rngs: nnx.Rngs,
@@ -42,6 +43,7 @@ class ConformerCTC(nnx.Module):
             conv_kernel=conv_kernel,
             subsampling_channels=subsampling_channels,
             dropout=dropout,
+            scan_layers=scan_layers,
             dtype=dtype,
             rngs=rngs,
         )

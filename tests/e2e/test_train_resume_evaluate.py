@@ -53,8 +53,8 @@ def corpus(tmp_path_factory):
             split,
             "--tokenizer",
             "char",
-            "--direct_num_workers",
-            "1",
+            "--direct_running_mode=in_memory",  # one process: quickest for a tiny corpus
+            "--direct_num_workers=1",
         )
     return root, shards
 

@@ -96,3 +96,34 @@ def test_model_output_shapes_and_train_mode_randomness():
     assert not np.allclose(np.asarray(a), np.asarray(b))  # SpecAugment differs by key
     c, _ = model(audio, lens)
     np.testing.assert_array_equal(np.asarray(c), np.asarray(logits))  # eval is deterministic
+
+
+def test_scanned_layers_equal_unrolled_layers():
+    unrolled, scanned = _tiny_model(), _tiny_model(scan_layers=True)
+    p_unrolled = nnx.to_pure_dict(nnx.state(unrolled, nnx.Param))
+    blocks = p_unrolled["encoder"]["blocks"]
+    stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *[blocks[i] for i in sorted(blocks)])
+    p_scanned = {**p_unrolled, "encoder": {**p_unrolled["encoder"], "blocks": stacked}}
+    state = nnx.state(scanned, nnx.Param)
+    nnx.replace_by_pure_dict(state, p_scanned)
+    nnx.update(scanned, state)
+    audio = jnp.asarray(np.random.default_rng(5).standard_normal((2, 12000)), jnp.float32)
+    lens = jnp.array([12000, 7000])
+    a, _ = unrolled(audio, lens)
+    b, _ = scanned(audio, lens)
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+    # Parameters of the stacked layers carry an unsharded leading layer axis.
+    kernel = nnx.state(scanned, nnx.Param)["encoder"]["blocks"]["ff1"]["up"]["kernel"]
+    assert kernel.get_metadata()["out_sharding"] == (None, "embed", "mlp")
+
+
+def test_scanned_layers_train_with_dropout():
+    model = _tiny_model(scan_layers=True, specaug=None)
+    model.encoder.blocks.ff1.dropout.rate = 0.5  # stacked modules share one config
+    audio = jnp.asarray(np.random.default_rng(6).standard_normal((2, 12000)), jnp.float32)
+    lens = jnp.array([12000, 7000])
+    a, _ = model(audio, lens, train=True, rngs=nnx.Rngs(1))
+    b, _ = model(audio, lens, train=True, rngs=nnx.Rngs(2))
+    c, _ = model(audio, lens, train=True, rngs=nnx.Rngs(1))
+    assert not np.allclose(np.asarray(a), np.asarray(b))
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(c))
