@@ -7,7 +7,7 @@ DEMO_DATA := data/demo
 DEMO_RUN := runs/demo
 DEMO_HOURS ?= 3.0
 DEMO_CONFIG ?= configs/demo.py
-DEMO_TOKENIZER ?= bpe
+DEMO_TOKENIZER ?= char
 DEMO_VOCAB ?= 128
 # A 3-hour corpus prepares fastest in one in-memory Beam worker; big corpora use the
 # multi-process DirectRunner (the default) or a distributed runner.
