@@ -5,9 +5,16 @@ Run (what `make demo` does after preparing data/demo/shards):
   python -m jaxspeech.evaluate --workdir runs/demo --data data/demo/shards --split test
 
 Variants (`--config configs/demo.py:NAME`):
-  (default) fits `make demo` in <= 25 min on 2 cores. Reaches: see README.
-  long      trains longer for better accuracy. Reaches: see README.
+  (default) 1,150 steps, ~19 min of training on 2 CPU cores (`make demo`: 20.8 min
+            wall from a fresh clone). Reaches test CER 18.8% / WER 60.5% (3 held-out
+            voices), dev CER 17.3%. Goal: <= 15% test CER (not reached yet).
+  long      4,000 steps with dev evaluation every 1,000; not yet measured.
   tiny      a seconds-long model for tests; accuracy is not a goal.
+
+Recipe notes (measured on the demo corpus): the model underfits in this budget (train
+CER 19.1% vs dev 20.3% after 1,000 steps with stronger SpecAugment), so SpecAugment is
+mild; a BPE-128 tokenizer learned slower per step than characters (utterance loss 119
+vs 76 at step 450); peak LR 3e-3 with 32 s batches learned slower than 2e-3 with 64 s.
 """
 
 from ml_collections import ConfigDict

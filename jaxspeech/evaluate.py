@@ -20,7 +20,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import app, flags
+from absl import app, flags, logging
 from flax import nnx
 from ml_collections import ConfigDict
 
@@ -255,4 +255,5 @@ if __name__ == "__main__":
     flags.DEFINE_string("data", None, "Prepared data directory (default: the run's data.dir).")
     flags.DEFINE_string("split", None, "Split to score (default: the run's data.eval_split).")
     flags.DEFINE_integer("step", None, "Checkpoint step (default: latest).")
+    logging.set_verbosity(logging.WARNING)  # keep Orbax's per-restore INFO lines off the console
     app.run(main)
