@@ -31,8 +31,10 @@ class Frontend(nnx.Module):
         f = feature_config.num_mel_bins
         self.mean = FeatureStats(jnp.zeros((f,), jnp.float32))
         self.std = FeatureStats(jnp.ones((f,), jnp.float32))
-        # None disables SpecAugment; otherwise kwargs of `augment.spec_augment`.
+        # None disables augmentation; otherwise kwargs of `augment.spec_augment` plus
+        # `freq_warp` (max relative warp of `augment.freq_warp`, 0 = off).
         self.specaug = dict(specaug) if specaug else None
+        self.freq_warp = float(self.specaug.pop("freq_warp", 0.0)) if self.specaug else 0.0
 
     def set_stats(self, mean: np.ndarray, std: np.ndarray) -> None:
         """Install global CMVN statistics (per-bin mean and std, float32)."""
@@ -49,10 +51,14 @@ class Frontend(nnx.Module):
         # Whatever lies past a row's length must not reach its last frames' windows.
         valid = jnp.arange(audio_bs.shape[1])[None, :] < audio_len_b[:, None]
         feats = features.log_mel(jnp.where(valid, audio_bs, 0.0), self.cfg)
+        augmenting = train and self.specaug is not None
+        if augmenting and rngs is None:
+            raise ValueError("augmentation needs rngs when train=True")
+        if augmenting and self.freq_warp > 0:
+            # Warp the raw log-mel spectrum (a physical spectrum), then normalize.
+            feats = augment.freq_warp(rngs.specaug(), feats, self.freq_warp)
         mask = jnp.arange(feats.shape[1])[None, :] < lengths[:, None]
         feats = features.normalize(feats, self.mean[...], self.std[...], mask)
-        if train and self.specaug is not None:
-            if rngs is None:
-                raise ValueError("SpecAugment needs rngs when train=True")
+        if augmenting:
             feats = augment.spec_augment(rngs.specaug(), feats, lengths, **self.specaug)
         return feats, lengths

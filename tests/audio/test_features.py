@@ -110,3 +110,48 @@ def test_spec_augment_masks_inside_length():
     )
     assert np.array_equal(out, again) and not np.array_equal(out, other)
     assert (out == 0).mean() > 0.01
+
+
+def _numpy_vtlp(feats_tf: np.ndarray, alpha: float, boundary: float = 0.8) -> np.ndarray:
+    """Independent reference: piecewise-linear warp + np.interp, one utterance."""
+    f = feats_tf.shape[1]
+    top = f - 1.0
+    knee = boundary * top * min(1.0, 1.0 / alpha)
+    pos = np.arange(f, dtype=np.float64)
+    src = np.where(
+        pos <= knee, pos * alpha, knee * alpha + (pos - knee) * (top - knee * alpha) / (top - knee)
+    )
+    return np.stack([np.interp(src, np.arange(f), row) for row in feats_tf])
+
+
+def test_freq_warp_matches_numpy_interpolation():
+    rng = np.random.default_rng(3)
+    feats = rng.standard_normal((6, 9, 80)).astype(np.float32)
+    key = jax.random.key(7)
+    out = np.asarray(augment.freq_warp(key, jnp.asarray(feats), 0.15))
+    # The factors freq_warp draws (same key, same call as inside it).
+    alphas = np.asarray(jax.random.uniform(key, (6,), minval=0.85, maxval=1.15))
+    assert alphas.min() < 0.95 and alphas.max() > 1.05  # both directions exercised
+    for b in range(6):
+        # float32 source positions vs float64: differences of ~1e-5 where features jump
+        np.testing.assert_allclose(out[b], _numpy_vtlp(feats[b], float(alphas[b])), atol=1e-4)
+
+
+def test_freq_warp_moves_a_formant_and_keeps_the_edges():
+    f = 80
+    feats = np.zeros((3, 1, f), np.float32)
+    feats[:, :, 40] = 1.0  # one peak at bin 40
+    feats[:, :, 0] = 2.0
+    feats[:, :, f - 1] = 3.0
+    alphas = jnp.array([0.8, 1.0, 1.25])
+    src = np.asarray(augment.warp_positions(alphas, f))
+    np.testing.assert_allclose(src[:, 0], 0.0)
+    np.testing.assert_allclose(src[:, -1], f - 1.0, rtol=1e-6)
+    assert np.all(np.diff(src, axis=1) > 0)  # monotonic: no band folds over
+    np.testing.assert_allclose(src[1], np.arange(f))  # alpha = 1 is the identity
+    # alpha 0.8: output bin 50 reads input bin 40, so the peak moves up to 50; 1.25: to 32.
+    np.testing.assert_allclose(src[0, 50], 40.0, rtol=1e-6)
+    np.testing.assert_allclose(src[2, 32], 40.0, rtol=1e-6)
+    # max_ratio 0 leaves features unchanged
+    same = augment.freq_warp(jax.random.key(0), jnp.asarray(feats), 0.0)
+    np.testing.assert_allclose(np.asarray(same), feats, atol=1e-6)

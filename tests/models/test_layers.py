@@ -1,6 +1,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 from jaxspeech.audio.features import LogMelConfig
@@ -33,25 +34,39 @@ def test_patch_conv_equals_lax_conv():
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-4)
 
 
-def test_depthwise_conv_equals_grouped_lax_conv():
-    rng = np.random.default_rng(2)
-    x = rng.standard_normal((2, 11, 4)).astype(np.float32)
-    w = rng.standard_normal((5, 4)).astype(np.float32)
-    bias = rng.standard_normal(4).astype(np.float32)
-    want = (
+def _lax_depthwise(x, w, bias):
+    k = w.shape[0]
+    pad = (k - 1) // 2
+    return (
         jax.lax.conv_general_dilated(
             x,
             w[:, None, :],
             (1,),
-            [(2, 2)],
+            [(pad, k - 1 - pad)],
             dimension_numbers=("NWC", "WIO", "NWC"),
-            feature_group_count=4,
+            feature_group_count=x.shape[-1],
         )
         + bias
     )
-    np.testing.assert_allclose(
-        np.asarray(depthwise_conv1d(x, w, bias)), np.asarray(want), atol=1e-5
-    )
+
+
+# T below the halo, inside one block, a ragged last block, many blocks; K = 1, 5, 15.
+@pytest.mark.parametrize(
+    "t,k,block", [(3, 5, 32), (11, 5, 32), (11, 15, 4), (70, 15, 32), (97, 1, 16), (64, 5, 8)]
+)
+def test_depthwise_conv_equals_grouped_lax_conv(t, k, block):
+    rng = np.random.default_rng(t * 100 + k)
+    x = rng.standard_normal((2, t, 4)).astype(np.float32)
+    w = rng.standard_normal((k, 4)).astype(np.float32)
+    bias = rng.standard_normal(4).astype(np.float32)
+    got = depthwise_conv1d(x, w, bias, block=block)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(_lax_depthwise(x, w, bias)), atol=1e-5)
+    # Gradients too: the band is built from w by a gather, whose transpose must be right.
+    cot = rng.standard_normal(got.shape).astype(np.float32)
+    grads = jax.grad(lambda *a: jnp.sum(depthwise_conv1d(*a, block=block) * cot), (0, 1, 2))
+    want = jax.grad(lambda *a: jnp.sum(_lax_depthwise(*a) * cot), (0, 1, 2))
+    for g, r in zip(grads(x, w, bias), want(x, w, bias)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(r), atol=1e-4)
 
 
 def _tiny_model(**kw):
