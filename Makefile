@@ -35,12 +35,16 @@ $(DEMO_DATA)/raw/.done: $(VENV)/.installed
 	$(PY) -m data_prep.synth_demo --output $(DEMO_DATA)/raw --hours $(DEMO_HOURS) --seed 0
 	touch $@
 
+# The splits are independent Beam jobs (each stages into its own directory; only train
+# writes the tokenizer), so they run side by side; any failure fails the target.
 $(DEMO_DATA)/shards/.done: $(DEMO_DATA)/raw/.done
-	for split in train dev test; do \
+	pids=""; for split in train dev test; do \
 	  $(PY) -m data_prep.prepare --format manifest --input $(DEMO_DATA)/raw/$$split/manifest.jsonl \
 	    --output $(DEMO_DATA)/shards --split $$split \
-	    --tokenizer $(DEMO_TOKENIZER) --vocab_size $(DEMO_VOCAB) $(DEMO_BEAM_ARGS) || exit 1; \
-	done
+	    --tokenizer $(DEMO_TOKENIZER) --vocab_size $(DEMO_VOCAB) $(DEMO_BEAM_ARGS) & \
+	  pids="$$pids $$!"; \
+	done; \
+	status=0; for p in $$pids; do wait $$p || status=1; done; exit $$status
 	touch $@
 
 demo: $(DEMO_DATA)/shards/.done

@@ -93,7 +93,7 @@ def get_config(arg: str | None = None) -> ConfigDict:
     c.optim.clip_norm = 5.0
 
     c.train = ConfigDict()
-    c.train.num_steps = 1400  # ~1.1 steps/s on 2 cores: `make demo` fits 25 minutes
+    c.train.num_steps = 1350  # ~1 step/s on 2 cores: `make demo` fits 25 minutes
     c.train.run_steps = 0  # >0: stop this invocation after that many steps (then resume)
     c.train.log_every = 25
     c.train.checkpoint_every = 200  # steps; also saved at the end
