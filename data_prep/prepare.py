@@ -52,13 +52,12 @@ import sys
 import time
 import uuid
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import apache_beam as beam
 import numpy as np
 from absl import flags
-from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import (
     DirectOptions,
     PipelineOptions,
@@ -66,6 +65,13 @@ from apache_beam.options.pipeline_options import (
 )
 from apache_beam.runners.runner import PipelineState
 
+from data_prep.readers import (
+    READERS,
+    AudioError,
+    Item,
+    PrepareError,
+    load_item_audio,
+)
 from jaxspeech.audio.features import LogMelConfig, mel_filterbank
 from jaxspeech.data import records
 from jaxspeech.data.tokenizer import (
@@ -79,13 +85,9 @@ from jaxspeech.data.tokenizer import (
 HOURS_PER_SHARD = 1.0
 MAX_SHARDS = 100_000
 MAX_EXAMPLES = 10
-MANIFEST_LINES_PER_CHUNK = 2_000
 
 # Skip reasons (keys of prep_report.json["skipped"]).
-MALFORMED = "malformed_manifest_line"
 EMPTY_TRANSCRIPT = "empty_transcript"
-MISSING_AUDIO = "missing_audio"
-UNDECODABLE_AUDIO = "undecodable_audio"
 ZERO_LENGTH = "zero_length"
 NON_FINITE = "non_finite_samples"
 TOO_SHORT = "too_short"
@@ -95,10 +97,6 @@ DUPLICATE_ID = "duplicate_id"
 # Event kinds: a skip, or a notice about a written record.
 SKIPPED, RESAMPLED, DOWNMIXED = "skipped", "resampled", "downmixed"
 EVENTS, STATS, TEXTS = "events", "stats", "texts"  # Tagged-output names.
-
-
-class PrepareError(Exception):
-    """A user mistake; the CLI prints it as one line."""
 
 
 # =============================================================================================
@@ -241,148 +239,6 @@ def pipeline_options(beam_args: list[str]) -> tuple[PipelineOptions, Any]:
 
 
 # =============================================================================================
-# Readers: --format -> PCollection[Item]
-# =============================================================================================
-
-
-class Item(NamedTuple):
-    """One input utterance before validation.
-
-    ``error`` is a skip reason found by the reader; ``position`` is the item's place in the
-    input (among items sharing an id, the first position is written, the rest are skipped).
-    """
-
-    id: str
-    audio_path: str
-    text: str | None
-    speaker: str
-    error: str | None = None
-    position: int = 0
-
-
-ReaderFn = Callable[[beam.Pipeline, PrepConfig], beam.PCollection]
-READERS: dict[str, ReaderFn] = {}
-
-
-def register_reader(name: str) -> Callable[[ReaderFn], ReaderFn]:
-    """Registers a reader for ``--format name``: ``fn(pipeline, cfg) -> PCollection[Item]``.
-
-    A reader raises PrepareError for a missing input before the pipeline runs, and emits an
-    Item with ``error`` set for an input entry it cannot parse (it is counted, not dropped).
-    """
-
-    def register(fn: ReaderFn) -> ReaderFn:
-        READERS[name] = fn
-        return fn
-
-    return register
-
-
-def _is_remote(path: str) -> bool:
-    return "://" in path
-
-
-def _manifest_chunks(path: str, lines_per_chunk: int) -> list[tuple[int, int, int]]:
-    """Splits a manifest into (byte_start, byte_end, first_line_number) ranges.
-
-    One sequential scan in the launcher; workers then read their ranges in parallel and still
-    know each line's number (for error examples).
-    """
-    chunks, start, offset, line_no, first_line = [], 0, 0, 0, 1
-    with FileSystems.open(path, compression_type="uncompressed") as f:
-        for line in f:
-            offset += len(line)
-            line_no += 1
-            if line_no - first_line + 1 == lines_per_chunk:
-                chunks.append((start, offset, first_line))
-                start, first_line = offset, line_no + 1
-    if offset > start:
-        chunks.append((start, offset, first_line))
-    return chunks
-
-
-def _manifest_item_id(entry: dict[str, Any], audio_filepath: str, base_dir: str) -> str:
-    """An explicit "id", else the audio path relative to the manifest, without extension."""
-    explicit = entry.get("id")
-    if isinstance(explicit, str) and explicit:
-        return explicit
-    path = audio_filepath
-    if os.path.isabs(path):
-        rel = os.path.relpath(path, base_dir)
-        path = rel if not rel.startswith("..") else path
-    return os.path.splitext(path)[0].replace(os.sep, "/")
-
-
-def parse_manifest_line(line: bytes, line_no: int, name: str, base_dir: str) -> Item | None:
-    """Parses one JSON-lines manifest entry; None for a blank line (not an item)."""
-    where = f"{name}:{line_no}"
-    malformed = Item(id=where, audio_path="", text=None, speaker="unknown", error=MALFORMED)
-    try:
-        stripped = line.decode("utf-8").strip()
-    except UnicodeDecodeError:
-        return malformed
-    if not stripped:
-        return None
-    try:
-        entry = json.loads(stripped)
-    except json.JSONDecodeError:
-        return malformed
-    if not isinstance(entry, dict):
-        return malformed
-    audio_filepath = entry.get("audio_filepath")
-    text = entry.get("text")
-    if not isinstance(audio_filepath, str) or not audio_filepath:
-        return malformed
-    if text is not None and not isinstance(text, str):
-        return malformed
-    speaker = entry.get("speaker")
-    if _is_remote(audio_filepath) or os.path.isabs(audio_filepath):
-        full_path = audio_filepath
-    else:
-        full_path = FileSystems.join(base_dir, audio_filepath)
-    return Item(
-        id=_manifest_item_id(entry, audio_filepath, base_dir),
-        audio_path=full_path,
-        text=text,
-        speaker="unknown" if speaker is None or speaker == "" else str(speaker),
-        position=line_no,
-    )
-
-
-def read_manifest_chunk(chunk: tuple[int, int, int], path: str) -> Iterator[Item]:
-    """Yields the Items of one byte range of a manifest."""
-    start, end, first_line = chunk
-    with FileSystems.open(path, compression_type="uncompressed") as f:
-        f.seek(start)
-        data = f.read(end - start)
-    name = os.path.basename(path)
-    base_dir = os.path.dirname(path)
-    lines = data.split(b"\n")  # Exactly the file's line breaks (\r is stripped per line).
-    if lines and not lines[-1]:
-        lines.pop()
-    for i, line in enumerate(lines):
-        item = parse_manifest_line(line, first_line + i, name, base_dir)
-        if item is not None:
-            yield item
-
-
-@register_reader("manifest")
-def read_manifest(p: beam.Pipeline, cfg: PrepConfig) -> beam.PCollection:
-    """JSON lines {"audio_filepath", "text", "duration", "speaker"}; relative audio paths are
-    relative to the manifest's directory; "speaker" is optional; "duration" is not trusted
-    (it is measured from the audio)."""
-    path = cfg.input if _is_remote(cfg.input) else os.path.abspath(cfg.input)
-    if not FileSystems.exists(path) or (not _is_remote(path) and not os.path.isfile(path)):
-        raise PrepareError(f"input manifest not found: {path}")
-    chunks = _manifest_chunks(path, MANIFEST_LINES_PER_CHUNK)
-    return (
-        p
-        | "ManifestChunks" >> beam.Create(chunks)
-        | "ParseManifest" >> beam.FlatMap(read_manifest_chunk, path=path)
-    )
-
-
-# =============================================================================================
 # Per-item work: validate, convert, encode, feature sums
 # =============================================================================================
 
@@ -454,30 +310,6 @@ def log_mel_sums(
     return feats.shape[1], feats.sum(axis=1), np.square(feats).sum(axis=1)
 
 
-def load_audio(path: str) -> tuple[np.ndarray, int]:
-    """Reads any libsndfile format as ((N, C) float32, sample_rate).
-
-    Raises:
-      FileNotFoundError: no such file.
-      Exception: anything libsndfile cannot decode.
-    """
-    import soundfile as sf
-
-    if _is_remote(path):
-        if not FileSystems.exists(path):
-            raise FileNotFoundError(path)
-        import io
-
-        with FileSystems.open(path, compression_type="uncompressed") as f:
-            source: Any = io.BytesIO(f.read())
-    else:
-        if not os.path.isfile(path):
-            raise FileNotFoundError(path)
-        source = path
-    audio, sample_rate = sf.read(source, dtype="float32", always_2d=True)
-    return audio, int(sample_rate)
-
-
 class ValidateAndEncode(beam.DoFn):
     """Item -> Prepared, or a ("skipped", reason, id) event on the EVENTS output.
 
@@ -524,12 +356,9 @@ class ValidateAndEncode(beam.DoFn):
             yield skip(EMPTY_TRANSCRIPT)
             return
         try:
-            audio_nc, source_rate = load_audio(item.audio_path)
-        except FileNotFoundError:
-            yield skip(MISSING_AUDIO)
-            return
-        except Exception:  # libsndfile raises several types for undecodable input.
-            yield skip(UNDECODABLE_AUDIO)
+            audio_nc, source_rate = load_item_audio(item, cfg)
+        except AudioError as e:
+            yield skip(e.reason)
             return
         if audio_nc.shape[0] == 0:
             yield skip(ZERO_LENGTH)

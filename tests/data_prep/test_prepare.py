@@ -12,6 +12,7 @@ import soundfile as sf
 from array_record.python.array_record_module import ArrayRecordReader
 
 from data_prep import prepare as prep
+from data_prep import readers
 from jaxspeech.data import records
 from jaxspeech.data.tokenizer import Tokenizer, normalize_text
 
@@ -382,11 +383,11 @@ def test_parse_args_passes_beam_flags_through():
     ],
 )
 def test_parse_manifest_line(line, expected):
-    item = prep.parse_manifest_line(line, 7, "m.jsonl", "/m")
+    item = readers.parse_manifest_line(line, 7, "m.jsonl", "/m")
     if expected is None:
         assert item is None
     elif expected == "malformed":
-        assert (item.id, item.error) == ("m.jsonl:7", prep.MALFORMED)
+        assert (item.id, item.error) == ("m.jsonl:7", readers.MALFORMED)
     else:
         item_id, path, text, speaker = expected
         assert (item.id, item.text, item.speaker, item.error, item.position) == (
