@@ -122,6 +122,18 @@ class PrepConfig:
     sample_rate: int
     audio_format: str
     feature: LogMelConfig
+    hours_per_shard: float = HOURS_PER_SHARD
+    seed: int = 0  # Speaker-to-shard placement and record order within shards.
+    alphabet: str | None = None  # Allowed characters of normalized text (None: any).
+    # Reader options (data_prep.readers).
+    allow_pipes: bool = False
+    tfds_data_dir: str | None = None
+    tfds_split: str | None = None  # None: --split.
+    tfds_audio_key: str = "audio"
+    tfds_text_key: str = "text"
+    tfds_speaker_key: str = "speaker_id"
+    tfds_id_key: str = "id"
+    tfds_sample_rate: int | None = None  # None: from the audio feature's metadata.
 
     @property
     def split_dir(self) -> str:
@@ -152,6 +164,16 @@ def _define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_float("fmin", 0.0, "Stats: lowest mel frequency (Hz).", **d)
     flags.DEFINE_float("fmax", None, "Stats: highest mel frequency (default sample_rate/2).", **d)
     flags.DEFINE_float("log_floor", 1e-6, "Stats: log(mel + log_floor).", **d)
+    flags.DEFINE_bool("allow_pipes", False, "kaldi: run wav.scp entries that are commands.", **d)
+    flags.DEFINE_string("tfds_data_dir", None, "tfds: the TFDS data directory.", **d)
+    flags.DEFINE_string("tfds_split", None, "tfds: the TFDS split (default: --split).", **d)
+    flags.DEFINE_string("tfds_audio_key", "audio", "tfds: the audio feature.", **d)
+    flags.DEFINE_string("tfds_text_key", "text", "tfds: the transcript feature.", **d)
+    flags.DEFINE_string("tfds_speaker_key", "speaker_id", "tfds: the speaker feature.", **d)
+    flags.DEFINE_string("tfds_id_key", "id", "tfds: the id feature (else the index).", **d)
+    flags.DEFINE_integer(
+        "tfds_sample_rate", None, "tfds: audio rate (default: the feature's metadata).", **d
+    )
 
 
 def parse_args(argv: list[str]) -> tuple[PrepConfig, list[str]]:
@@ -208,6 +230,14 @@ def parse_args(argv: list[str]) -> tuple[PrepConfig, list[str]]:
         sample_rate=fv.sample_rate,
         audio_format=fv.audio_format,
         feature=feature,
+        allow_pipes=bool(fv.allow_pipes),
+        tfds_data_dir=fv.tfds_data_dir,
+        tfds_split=fv.tfds_split,
+        tfds_audio_key=fv.tfds_audio_key,
+        tfds_text_key=fv.tfds_text_key,
+        tfds_speaker_key=fv.tfds_speaker_key,
+        tfds_id_key=fv.tfds_id_key,
+        tfds_sample_rate=fv.tfds_sample_rate,
     )
     return cfg, rest[1:]
 
