@@ -1,24 +1,30 @@
 """Turns a corpus into ArrayRecord shards, normalization statistics and a tokenizer.
 
-    python -m data_prep.prepare --format manifest --input MANIFEST --output DIR --split NAME
-        [--num_shards N] [--tokenizer char|bpe|unigram] [--vocab_size V]
+    python -m data_prep.prepare --format manifest|librispeech|kaldi|tfds --input PATH
+        --output DIR --split NAME [--num_shards N | --hours_per_shard H] [--seed S]
+        [--tokenizer char|bpe|unigram] [--vocab_size V] [--alphabet CHARS]
         [--min_duration S] [--max_duration S] [--sample_rate 16000]
         [--audio_format pcm_s16le|flac] [--runner DirectRunner] [other Beam options]
 
-One Apache Beam pipeline:
+One Apache Beam pipeline (the shape of section IV of the 1M-hour paper in
+``shared/references``: group by speaker early, equal shards, hierarchical shuffle,
+statistics per shard in parallel, then summed):
 
-    read items (--format reader) -> validate + decode + resample/downmix + encode record +
-    per-record log-mel sums -> key by crc32(id) % num_shards -> GroupByKey -> write one shard
-    per key (records sorted by id) -> per-shard metadata, skip/notice events, stats, transcripts
+    read items (--format reader, data_prep.readers) -> group by id, keep the first ->
+    validate + decode + resample/downmix + encode record + per-record log-mel sums ->
+    sum audio per speaker -> place speakers on shards (largest first onto the lightest shard;
+    shard numbers permuted by --seed) -> group by shard -> write each shard in a seeded
+    random order, summing its statistics -> per-shard metadata, skip/notice events,
+    transcripts
 
 The driver then writes ``DIR/<split>/{index.json, durations.npy, stats.json,
-prep_report.json}`` and, for the train split, ``DIR/tokenizer/``. Everything lands in a
-staging directory first and replaces ``DIR/<split>`` only when complete, so a re-run never
-mixes old and new shards.
+prep_report.json}`` (the statistics are the per-shard sums added in shard order) and, for
+the train split, ``DIR/tokenizer/``. Everything lands in a staging directory first and
+replaces ``DIR/<split>`` only when complete, so a re-run never mixes old and new shards.
 
 Every input item is either written or skipped with a counted reason (num_input ==
 num_written + sum of skips). Records keep the RAW text; tokenization happens in the
-training input pipeline.
+training input pipeline. The same inputs and flags give byte-identical outputs.
 
 Runner: by default, and whenever ``--runner DirectRunner`` is given, the pipeline runs on
 Beam's FnApiRunner in ``multi_processing`` mode with one worker per CPU (that is what the
@@ -28,15 +34,15 @@ unchanged; with a distributed runner, ``--output`` must be a filesystem every wo
 the launching machine mount (e.g. NFS, gcsfuse), because shards are written with
 ArrayRecord's local-file writer.
 
-Default number of shards: one per hour of written audio, ``round(hours)``, at least 1, at
-most the number of records and at most 100,000. One hour of 16 kHz int16 audio is ~115 MB:
-big enough that per-file overheads vanish, small enough that every host of a large job gets
-many shards; the cap bounds the file count (100,000 shards still hold 10 h each at a
+Default number of shards: one per ``--hours_per_shard`` (1) of written audio, rounded, at
+least 1, at most the number of records and at most 100,000. One hour of 16 kHz int16 audio
+is ~115 MB: big enough that per-file overheads vanish, small enough that every host of a
+large job gets many shards; the cap bounds the file count (100,000 shards still hold 10 h each at a
 million hours).
 
 Memory: the shuffle carries references, not audio. Each worker bundle appends its encoded
 records to a spill file under the staging directory, and the shard writers copy them from
-there in id order, so neither the DirectRunner's in-memory shuffle nor a writer ever holds
+there in shard order, so neither the DirectRunner's in-memory shuffle nor a writer ever holds
 a shard's audio (2,000 utterances, 2.2 h: ~0.4 GB peak instead of ~1.9 GB).
 """
 
@@ -93,10 +99,16 @@ NON_FINITE = "non_finite_samples"
 TOO_SHORT = "too_short"
 TOO_LONG = "too_long"
 DUPLICATE_ID = "duplicate_id"
+OUT_OF_ALPHABET = "out_of_alphabet"
+
+# Items without a speaker are spread over this many pseudo-speaker groups per shard: enough
+# for the placement to balance, few enough that the placement table stays small.
+PSEUDO_SPEAKERS_PER_SHARD = 64
+NO_SPEAKER = "unknown"
 
 # Event kinds: a skip, or a notice about a written record.
 SKIPPED, RESAMPLED, DOWNMIXED = "skipped", "resampled", "downmixed"
-EVENTS, STATS, TEXTS = "events", "stats", "texts"  # Tagged-output names.
+EVENTS, TEXTS = "events", "texts"  # Tagged-output names.
 
 
 # =============================================================================================
@@ -146,7 +158,18 @@ def _define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_string("input", None, "Input (manifest file for --format manifest).", **d)
     flags.DEFINE_string("output", None, "Output data directory DIR.", **d)
     flags.DEFINE_string("split", None, "Split name; written to DIR/<split>/.", **d)
-    flags.DEFINE_integer("num_shards", None, "Shards (default: one per hour of audio).", **d)
+    flags.DEFINE_integer("num_shards", None, "Shards (default: see --hours_per_shard).", **d)
+    flags.DEFINE_float(
+        "hours_per_shard", HOURS_PER_SHARD, "Audio per shard when --num_shards is not given.", **d
+    )
+    flags.DEFINE_integer("seed", 0, "Seed of shard placement and in-shard order.", **d)
+    flags.DEFINE_string(
+        "alphabet",
+        None,
+        "Characters a normalized transcript may hold (space always); others are skipped "
+        "as out_of_alphabet. Default: any.",
+        **d,
+    )
     flags.DEFINE_enum("tokenizer", "char", ["char", "bpe", "unigram"], "Tokenizer kind.", **d)
     flags.DEFINE_integer("vocab_size", 256, "bpe/unigram labels, blank included.", **d)
     flags.DEFINE_bool("train_tokenizer", None, "Train DIR/tokenizer (default: split==train).", **d)
@@ -200,10 +223,11 @@ def parse_args(argv: list[str]) -> tuple[PrepConfig, list[str]]:
         raise PrepareError(f"need 0 <= --min_duration < --max_duration, got {fv.min_duration}")
     if fv.num_shards is not None and fv.num_shards < 1:
         raise PrepareError(f"--num_shards must be >= 1, got {fv.num_shards}")
-    if fv.vocab_size < 3:
-        raise PrepareError(f"--vocab_size must be >= 3, got {fv.vocab_size}")
-    if fv.sample_rate <= 0:
-        raise PrepareError(f"--sample_rate must be positive, got {fv.sample_rate}")
+    if not fv.hours_per_shard > 0:
+        raise PrepareError(f"--hours_per_shard must be positive, got {fv.hours_per_shard}")
+    if fv.alphabet is not None and fv.alphabet != fv.alphabet.lower():
+        # Transcripts are checked after normalization, which lowercases them.
+        raise PrepareError(f"--alphabet must be lowercase, got {fv.alphabet!r}")
     feature = LogMelConfig(
         sample_rate=fv.sample_rate,
         n_fft=fv.n_fft,
@@ -230,6 +254,9 @@ def parse_args(argv: list[str]) -> tuple[PrepConfig, list[str]]:
         sample_rate=fv.sample_rate,
         audio_format=fv.audio_format,
         feature=feature,
+        hours_per_shard=float(fv.hours_per_shard),
+        seed=fv.seed,
+        alphabet=fv.alphabet,
         allow_pipes=bool(fv.allow_pipes),
         tfds_data_dir=fv.tfds_data_dir,
         tfds_split=fv.tfds_split,
@@ -282,10 +309,10 @@ class Prepared(NamedTuple):
     """
 
     id: str
-    position: int
+    speaker: str
     spill_path: str
     spill_index: int
-    digest: int  # crc32 of the record: orders same-position duplicates deterministically.
+    samples: int  # Audio length; integers make the shard placement exact and deterministic.
     duration: float
     normalized_text: str
     resampled: bool
@@ -385,6 +412,9 @@ class ValidateAndEncode(beam.DoFn):
         if not normalized:
             yield skip(EMPTY_TRANSCRIPT)
             return
+        if cfg.alphabet is not None and not set(normalized) <= set(cfg.alphabet) | {" "}:
+            yield skip(OUT_OF_ALPHABET)
+            return
         try:
             audio_nc, source_rate = load_item_audio(item, cfg)
         except AudioError as e:
@@ -423,10 +453,10 @@ class ValidateAndEncode(beam.DoFn):
         spill_path, spill_index = self._write_spill(record)
         yield Prepared(
             id=item.id,
-            position=item.position,
+            speaker=item.speaker,
             spill_path=spill_path,
             spill_index=spill_index,
-            digest=zlib.crc32(record),
+            samples=int(audio_i16.size),
             duration=audio_i16.size / cfg.sample_rate,
             normalized_text=normalized,
             resampled=resampled,
@@ -442,23 +472,59 @@ class ValidateAndEncode(beam.DoFn):
 # =============================================================================================
 
 
-def default_num_shards(num_records: int, seconds: float) -> int:
-    """One shard per HOURS_PER_SHARD of audio, within [1, min(num_records, MAX_SHARDS)]."""
-    by_hours = round(seconds / 3600.0 / HOURS_PER_SHARD)
+def default_num_shards(
+    num_records: int, seconds: float, hours_per_shard: float = HOURS_PER_SHARD
+) -> int:
+    """One shard per ``hours_per_shard`` of audio, within [1, min(num_records, MAX_SHARDS)]."""
+    by_hours = round(seconds / 3600.0 / hours_per_shard)
     return max(1, min(by_hours, num_records, MAX_SHARDS))
 
 
-def shard_of(utterance_id: str, num_shards: int) -> int:
-    """Stable shard index of an id (crc32, not hash(): that is salted per process)."""
-    return zlib.crc32(utterance_id.encode("utf-8")) % num_shards
+def group_key(speaker: str, item_id: str, num_shards: int) -> str:
+    """The placement group of an utterance: its speaker, so a speaker's utterances share a
+    shard (per-speaker processing and speaker-disjoint subsets stay shard-local); utterances
+    without a speaker fall into one of PSEUDO_SPEAKERS_PER_SHARD * num_shards groups by
+    crc32(id) (not hash(): that is salted per process)."""
+    if speaker and speaker != NO_SPEAKER:
+        return "speaker:" + speaker
+    bucket = zlib.crc32(item_id.encode("utf-8")) % (PSEUDO_SPEAKERS_PER_SHARD * num_shards)
+    return f"pseudo:{bucket}"
+
+
+def place_groups(groups: list[tuple[str, int]], num_shards: int, seed: int) -> dict[str, int]:
+    """Speaker groups -> shard index, shards of nearly equal audio.
+
+    Longest-processing-time-first: groups by decreasing size, each to the shard with the
+    least audio so far. No shard exceeds the mean by more than the largest group. Then the
+    shard numbers are permuted by ``seed`` (the outer level of the hierarchical shuffle: which
+    speakers sit next to each other in shard order is random, not sorted by size).
+
+    Args:
+      groups: (group key, audio samples) pairs, one per group.
+    """
+    order = sorted(groups, key=lambda g: (-g[1], g[0]))  # Deterministic: sizes are integers.
+    heap = [(0, shard) for shard in range(num_shards)]
+    placement = {}
+    for key, size in order:
+        load, shard = heapq.heappop(heap)
+        placement[key] = shard
+        heapq.heappush(heap, (load + size, shard))
+    relabel = np.random.default_rng([seed, num_shards]).permutation(num_shards)
+    return {key: int(relabel[shard]) for key, shard in placement.items()}
 
 
 def shard_file_name(split: str, shard: int, num_shards: int) -> str:
     return f"{split}-{shard:05d}-of-{num_shards:05d}.array_record"
 
 
-def key_by_shard(prepared: Prepared, num_shards: int) -> tuple[tuple[int, int], Prepared]:
-    return (shard_of(prepared.id, num_shards), num_shards), prepared
+def key_by_group(p: Prepared, num_shards: int) -> tuple[str, int]:
+    return group_key(p.speaker, p.id, num_shards), p.samples
+
+
+def key_by_shard(
+    p: Prepared, placement: dict[str, int], num_shards: int
+) -> tuple[tuple[int, int], Prepared]:
+    return (placement[group_key(p.speaker, p.id, num_shards)], num_shards), p
 
 
 class CountAndSecondsFn(beam.CombineFn):
@@ -478,6 +544,18 @@ class CountAndSecondsFn(beam.CombineFn):
         return acc
 
 
+class KeepFirstOfId(beam.DoFn):
+    """(id, Iterable[Item]) -> the item that comes first in the input; the others are
+    skipped as duplicates (EVENTS), before any audio is read."""
+
+    def process(self, element: tuple[str, Any]) -> Iterator[Any]:
+        item_id, items = element
+        first, *rest = sorted(items, key=lambda it: (it.position, it.audio_path, it.start))
+        yield first
+        for _ in rest:
+            yield beam.pvalue.TaggedOutput(EVENTS, (SKIPPED, DUPLICATE_ID, item_id))
+
+
 def _read_spill(readers: dict[str, Any], p: Prepared) -> bytes:
     """The record bytes behind ``p`` (``readers`` caches one open reader per spill file)."""
     reader = readers.get(p.spill_path)
@@ -491,46 +569,44 @@ def _read_spill(readers: dict[str, Any], p: Prepared) -> bytes:
 
 
 class WriteShard(beam.DoFn):
-    """Writes one shard: records sorted by id, duplicates of an id skipped and counted.
+    """Writes one shard in a seeded random order, and sums its normalization statistics.
 
-    Input ((shard, num_shards), Iterable[Prepared]). Main output: the shard's metadata
-    {shard, num_shards, path, num_records, seconds, durations (file order)}; EVENTS:
-    duplicate skips and resampled/downmixed notices; STATS: (frames, sum, sum_sq) per written
-    record; TEXTS: (id, normalized text) per written record.
+    Input ((shard, num_shards), Iterable[Prepared]) with unique ids. Main output: the
+    shard's metadata {shard, num_shards, path, num_records, seconds, durations (file order),
+    stats {count, sum, sum_sq} of its log-mel frames}; EVENTS: resampled/downmixed notices;
+    TEXTS: (id, normalized text) per written record.
     """
 
-    def __init__(self, split_dir: str, split: str, emit_texts: bool):
+    def __init__(self, split_dir: str, split: str, emit_texts: bool, seed: int):
         self._split_dir = split_dir
         self._split = split
         self._emit_texts = emit_texts
+        self._seed = seed
 
     def process(self, element: tuple[tuple[int, int], Any]) -> Iterator[Any]:
         from array_record.python.array_record_module import ArrayRecordWriter
 
         (shard, num_shards), items = element
-        # Sorting by (id, input position, digest) makes the output, and which duplicate wins
-        # (the first in the input), deterministic; spill paths are random, but they only
-        # break ties between identical bytes.
-        ordered = sorted(
-            items, key=lambda p: (p.id, p.position, p.digest, p.spill_path, p.spill_index)
-        )
+        # The inner level of the hierarchical shuffle: sorting by id first makes the
+        # permutation independent of the order the runner delivered the items in.
+        by_id = sorted(items, key=lambda p: p.id)
+        order = np.random.default_rng([self._seed, shard, num_shards]).permutation(len(by_id))
         name = shard_file_name(self._split, shard, num_shards)
         writer = ArrayRecordWriter(os.path.join(self._split_dir, name), "group_size:1")
         spills: dict[str, Any] = {}
-        durations, previous_id = [], None
+        durations, stats = [], None
         try:
-            for p in ordered:
-                if p.id == previous_id:
-                    yield beam.pvalue.TaggedOutput(EVENTS, (SKIPPED, DUPLICATE_ID, p.id))
-                    continue
-                previous_id = p.id
+            for i in order:
+                p = by_id[i]
                 writer.write(_read_spill(spills, p))
                 durations.append(p.duration)
+                # Per shard, in file order: the combined statistics do not depend on how the
+                # runner bundled the work.
+                stats = add_stats(stats, (p.frames, p.mel_sum, p.mel_sum_sq))
                 if p.resampled:
                     yield beam.pvalue.TaggedOutput(EVENTS, (RESAMPLED, RESAMPLED, p.id))
                 if p.downmixed:
                     yield beam.pvalue.TaggedOutput(EVENTS, (DOWNMIXED, DOWNMIXED, p.id))
-                yield beam.pvalue.TaggedOutput(STATS, (p.frames, p.mel_sum, p.mel_sum_sq))
                 if self._emit_texts:
                     yield beam.pvalue.TaggedOutput(TEXTS, (p.id, p.normalized_text))
         finally:
@@ -544,7 +620,36 @@ class WriteShard(beam.DoFn):
             "num_records": len(durations),
             "seconds": float(sum(durations)),
             "durations": durations,
+            "stats": stats_to_json(stats),
         }
+
+
+Stats = tuple[int, np.ndarray, np.ndarray]  # (frames, per-bin sum (F,), sum of squares (F,))
+
+
+def add_stats(total: Stats | None, x: Stats) -> Stats:
+    """Adds zeroth, first and second order statistics (float64)."""
+    if total is None:
+        return int(x[0]), np.array(x[1], np.float64), np.array(x[2], np.float64)
+    return total[0] + int(x[0]), total[1] + x[1], total[2] + x[2]
+
+
+def stats_to_json(stats: Stats | None) -> dict[str, Any] | None:
+    if stats is None:
+        return None
+    return {"count": stats[0], "sum": stats[1].tolist(), "sum_sq": stats[2].tolist()}
+
+
+def combine_stats(per_shard: list[dict[str, Any] | None]) -> dict[str, Any] | None:
+    """Per-shard {count, sum, sum_sq} -> their total, summed in shard order (None: no frames).
+
+    This is how statistics computed in parallel become the global ones: the sums of sums.
+    """
+    total = None
+    for s in per_shard:
+        if s is not None:
+            total = add_stats(total, (s["count"], np.asarray(s["sum"]), np.asarray(s["sum_sq"])))
+    return stats_to_json(total)
 
 
 # =============================================================================================
@@ -580,30 +685,6 @@ class EventSummaryFn(beam.CombineFn):
 
     def extract_output(self, acc: dict[str, list[Any]]) -> dict[str, list[Any]]:
         return {key: [count, sorted(examples)] for key, (count, examples) in acc.items()}
-
-
-class MelStatsFn(beam.CombineFn):
-    """(frames, sum (F,), sum_sq (F,)) -> their float64 totals (None for no input)."""
-
-    def create_accumulator(self) -> Any:
-        return None
-
-    def add_input(self, acc: Any, x: tuple[int, np.ndarray, np.ndarray]) -> Any:
-        if acc is None:
-            return int(x[0]), np.array(x[1], np.float64), np.array(x[2], np.float64)
-        return acc[0] + int(x[0]), acc[1] + x[1], acc[2] + x[2]
-
-    def merge_accumulators(self, accs: Any) -> Any:
-        total = None
-        for acc in accs:
-            if acc is not None:
-                total = acc if total is None else self.add_input(total, acc)
-        return total
-
-    def extract_output(self, acc: Any) -> Any:
-        if acc is None:
-            return None
-        return {"count": acc[0], "sum": acc[1].tolist(), "sum_sq": acc[2].tolist()}
 
 
 class TranscriptSampleFn(beam.CombineFn):
@@ -652,21 +733,31 @@ def write_shard_meta(meta: dict[str, Any], parts_dir: str) -> None:
 
 
 def build_pipeline(p: beam.Pipeline, cfg: PrepConfig, staging_dir: str) -> None:
-    """Adds the whole preparation to ``p``; results land in ``staging_dir`` and its _parts/."""
+    """Adds the whole preparation to ``p``; results land in ``staging_dir`` and its _parts/.
+
+    read -> keep the first item of each id -> validate, encode, spill -> count -> speaker
+    groups -> placement (one small table) -> group by shard -> write shards
+    """
     parts = os.path.join(staging_dir, "_parts")
     spill_dir = os.path.join(staging_dir, "_spill")
     items = READERS[cfg.format](p, cfg)
-    # Items are tiny (path + text): reshuffle so the heavy per-item work spreads over workers
-    # instead of staying fused with whichever worker read a manifest chunk.
-    items = items | "Spread" >> beam.Reshuffle()
     _ = (
         items
         | "CountInput" >> beam.combiners.Count.Globally()
         | "WriteNumInput" >> beam.Map(write_json, os.path.join(parts, "num_input.json"))
     )
-    validated = items | "Validate" >> beam.ParDo(ValidateAndEncode(cfg, spill_dir)).with_outputs(
-        EVENTS, main="prepared"
+    # Items are tiny (path + text). Grouping them by id finds duplicates before any audio is
+    # read, and spreads the heavy per-item work over workers instead of leaving it fused
+    # with whichever worker listed the input.
+    unique = (
+        items
+        | "KeyById" >> beam.Map(lambda it: (it.id, it))
+        | "GroupById" >> beam.GroupByKey()
+        | "KeepFirstOfId" >> beam.ParDo(KeepFirstOfId()).with_outputs(EVENTS, main="items")
     )
+    validated = unique.items | "Validate" >> beam.ParDo(
+        ValidateAndEncode(cfg, spill_dir)
+    ).with_outputs(EVENTS, main="prepared")
     prepared = validated.prepared
     if cfg.num_shards is not None:
         num_shards = p | "NumShards" >> beam.Create([cfg.num_shards])
@@ -674,31 +765,35 @@ def build_pipeline(p: beam.Pipeline, cfg: PrepConfig, staging_dir: str) -> None:
         num_shards = (
             prepared
             | "CountSeconds" >> beam.CombineGlobally(CountAndSecondsFn())
-            | "NumShards" >> beam.MapTuple(default_num_shards)
+            | "NumShards" >> beam.MapTuple(default_num_shards, hours_per_shard=cfg.hours_per_shard)
         )
     _ = num_shards | "WriteNumShards" >> beam.Map(
         write_json, os.path.join(parts, "num_shards.json")
     )
+    num_shards_side = beam.pvalue.AsSingleton(num_shards)
+    placement = (
+        prepared
+        | "KeyByGroup" >> beam.Map(key_by_group, num_shards_side)
+        | "SumGroups" >> beam.CombinePerKey(sum)
+        | "ListGroups" >> beam.combiners.ToList()
+        | "PlaceGroups" >> beam.Map(place_groups, num_shards_side, seed=cfg.seed)
+    )
     written = (
         prepared
-        | "KeyByShard" >> beam.Map(key_by_shard, beam.pvalue.AsSingleton(num_shards))
+        | "KeyByShard"
+        >> beam.Map(key_by_shard, beam.pvalue.AsSingleton(placement), num_shards_side)
         | "GroupByShard" >> beam.GroupByKey()
         | "WriteShards"
-        >> beam.ParDo(WriteShard(staging_dir, cfg.split, cfg.train_tokenizer)).with_outputs(
-            EVENTS, STATS, TEXTS, main="shards"
-        )
+        >> beam.ParDo(
+            WriteShard(staging_dir, cfg.split, cfg.train_tokenizer, cfg.seed)
+        ).with_outputs(EVENTS, TEXTS, main="shards")
     )
     _ = written.shards | "WriteShardMeta" >> beam.Map(write_shard_meta, parts)
     _ = (
-        (validated[EVENTS], written[EVENTS])
+        (unique[EVENTS], validated[EVENTS], written[EVENTS])
         | "AllEvents" >> beam.Flatten()
         | "SummarizeEvents" >> beam.CombineGlobally(EventSummaryFn())
         | "WriteEvents" >> beam.Map(write_json, os.path.join(parts, "events.json"))
-    )
-    _ = (
-        written[STATS]
-        | "SumStats" >> beam.CombineGlobally(MelStatsFn())
-        | "WriteStats" >> beam.Map(write_json, os.path.join(parts, "stats.json"))
     )
     if cfg.train_tokenizer:
         _ = (
@@ -760,8 +855,11 @@ def _summarize_events(events: dict[str, list[Any]]) -> dict[str, Any]:
     return section
 
 
-def _finalize_shards(cfg: PrepConfig, staging: str) -> tuple[list[dict[str, Any]], np.ndarray]:
-    """Collects shard metadata (writing empty files for shards no id hashed to)."""
+def _finalize_shards(
+    cfg: PrepConfig, staging: str
+) -> tuple[list[dict[str, Any]], np.ndarray, dict[str, Any] | None]:
+    """Collects shard metadata (writing empty files for shards no group was placed in);
+    returns (shards, durations in file order, statistics combined over shards)."""
     from array_record.python.array_record_module import ArrayRecordWriter
 
     parts = os.path.join(staging, "_parts")
@@ -771,16 +869,23 @@ def _finalize_shards(cfg: PrepConfig, staging: str) -> tuple[list[dict[str, Any]
         if name.startswith("shard-"):
             meta = _read_json(os.path.join(parts, name))
             metas[meta["shard"]] = meta
-    shards, durations = [], []
+    shards, durations, stats = [], [], []
     for shard in range(num_shards):
         meta = metas.get(shard)
         if meta is None:
             name = shard_file_name(cfg.split, shard, num_shards)
             ArrayRecordWriter(os.path.join(staging, name), "group_size:1").close()
-            meta = {"path": name, "num_records": 0, "seconds": 0.0, "durations": []}
+            meta = {"path": name, "num_records": 0, "seconds": 0.0, "durations": [], "stats": None}
         shards.append({k: meta[k] for k in ("path", "num_records", "seconds")})
         durations.extend(meta["durations"])
-    return shards, np.asarray(durations, np.float32)
+        stats.append(meta["stats"])
+    return shards, np.asarray(durations, np.float32), combine_stats(stats)
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    """min / mean / max of the shards' audio: how equal the shards came out."""
+    v = np.asarray(values, np.float64)
+    return {"min": float(v.min()), "mean": float(v.mean()), "max": float(v.max())}
 
 
 def _train_tokenizer(cfg: PrepConfig, texts: dict[str, Any]) -> Tokenizer:
@@ -797,7 +902,7 @@ def _train_tokenizer(cfg: PrepConfig, texts: dict[str, Any]) -> Tokenizer:
 def _finalize(cfg: PrepConfig, staging: str, start_time: float) -> dict[str, Any]:
     """Turns the pipeline's outputs in ``staging`` into the split's files; returns the report."""
     parts = os.path.join(staging, "_parts")
-    shards, durations = _finalize_shards(cfg, staging)
+    shards, durations, stats = _finalize_shards(cfg, staging)
     records.write_split_index(
         staging,
         shards,
@@ -811,7 +916,6 @@ def _finalize(cfg: PrepConfig, staging: str, start_time: float) -> dict[str, Any
             "num_shards": len(shards),
         },
     )
-    stats = _read_json(os.path.join(parts, "stats.json"))
     if stats is not None:
         write_json({"feature": cfg.feature.as_dict(), **stats}, os.path.join(staging, "stats.json"))
     events = _summarize_events(_read_json(os.path.join(parts, "events.json")))
@@ -830,6 +934,7 @@ def _finalize(cfg: PrepConfig, staging: str, start_time: float) -> dict[str, Any
         "num_written": num_written,
         "hours_written": float(durations.astype(np.float64).sum() / 3600.0),
         "num_shards": len(shards),
+        "shard_hours": _spread([s["seconds"] / 3600.0 for s in shards]),
         "skipped": events[SKIPPED],
         "resampled": events[RESAMPLED],
         "downmixed": events[DOWNMIXED],

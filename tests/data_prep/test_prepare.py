@@ -165,18 +165,119 @@ def test_records_equal_sources(corpus, prepared):
     np.testing.assert_array_equal(recs["wavs/stereo"]["audio"], records.to_int16(stereo.mean(1)))
 
 
-def test_shards_sorted_by_id_and_keyed_by_crc(prepared):
+def _shard_ids(index: records.SplitIndex) -> list[list[str]]:
+    out = []
+    for path in index.shard_paths:
+        reader = ArrayRecordReader(path)
+        out.append([records.decode_header(b)["id"] for b in reader.read_all()])
+        reader.close()
+    return out
+
+
+def test_shards_group_speakers_in_seeded_order(corpus, prepared, tmp_path):
     index = records.read_split_index(prepared, "train")
     assert [os.path.basename(p) for p in index.shard_paths] == [
         "train-00000-of-00002.array_record",
         "train-00001-of-00002.array_record",
     ]
-    for shard, path in enumerate(index.shard_paths):
-        reader = ArrayRecordReader(path)
-        ids = [records.decode_header(b)["id"] for b in reader.read_all()]
-        reader.close()
-        assert ids == sorted(ids)
-        assert all(prep.shard_of(i, 2) == shard for i in ids)
+    shard_ids = _shard_ids(index)
+    speakers = {r["id"]: r["speaker"] for r in _read_split(prepared, "train")}
+    shard_of_speaker = {}
+    for shard, ids in enumerate(shard_ids):
+        for i in ids:
+            if speakers[i] != "unknown":
+                assert shard_of_speaker.setdefault(speakers[i], shard) == shard, i
+        # Inner shuffle: the seeded permutation of the shard's sorted ids.
+        order = np.random.default_rng([0, shard, 2]).permutation(len(ids))
+        assert ids == [sorted(ids)[k] for k in order]
+    # Longest group first to the lightest shard: s1 (3.3 s) alone; s0 (2.0 s), the
+    # speakerless 8 kHz item (1.0 s) and s9 (0.7 s) together.
+    seconds = sorted(
+        round(float(index.durations[a:b].sum()), 2) for a, b in _ranges(index.shard_num_records)
+    )
+    assert seconds == [3.3, 3.7]
+    # Another seed: the same groups, another shard numbering and order.
+    other = str(tmp_path / "seed7")
+    _run(corpus, other, "--num_shards", "2", "--seed", "7", "--notrain_tokenizer", *IN_MEMORY)
+    other_ids = _shard_ids(records.read_split_index(other, "train"))
+    assert sorted(map(sorted, other_ids)) == sorted(map(sorted, shard_ids))
+    assert other_ids != shard_ids
+
+
+def test_place_groups_balances_and_keeps_groups_whole():
+    rng = np.random.default_rng(0)
+    # 3,000 speakers with long-tailed amounts of audio (samples at 16 kHz).
+    sizes = (rng.lognormal(mean=np.log(600), sigma=1.0, size=3000) * 16000).astype(int)
+    groups = [(f"speaker:{i}", int(n)) for i, n in enumerate(sizes)]
+    placement = prep.place_groups(groups, 40, seed=3)
+    assert sorted(placement) == sorted(k for k, _ in groups)
+    loads = np.zeros(40)
+    for key, n in groups:
+        loads[placement[key]] += n
+    assert loads.max() / loads.mean() < 1.10 and loads.min() / loads.mean() > 0.90
+    assert prep.place_groups(groups[::-1], 40, seed=3) == placement  # Input order is moot.
+    assert prep.place_groups(groups, 40, seed=4) != placement
+
+
+def test_group_key_spreads_speakerless_items():
+    assert prep.group_key("spk1", "a", 4) == "speaker:spk1"
+    keys = {prep.group_key("unknown", f"utt{i}", 4) for i in range(5000)}
+    assert len(keys) == prep.PSEUDO_SPEAKERS_PER_SHARD * 4
+
+
+@pytest.fixture(scope="module")
+def many_speakers(tmp_path_factory) -> str:
+    """60 speakers with 1-3 utterances of 0.2-0.6 s each."""
+    root = tmp_path_factory.mktemp("speakers")
+    rng = np.random.default_rng(1)
+    lines = []
+    for spk in range(60):
+        for utt in range(int(rng.integers(1, 4))):
+            name = f"s{spk:02d}_{utt}.wav"
+            _write_int16(str(root / name), _tone(float(rng.uniform(0.2, 0.6)), 16000, spk), 16000)
+            lines.append({"audio_filepath": name, "text": "some words", "speaker": f"s{spk}"})
+    (root / "manifest.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    return str(root / "manifest.jsonl")
+
+
+def test_equal_duration_shards_by_hours_per_shard(many_speakers, tmp_path):
+    out = str(tmp_path / "out")
+    hours = 5.0 / 3600  # About 5 s of audio per shard.
+    report = _run(
+        many_speakers, out, "--hours_per_shard", str(hours), "--notrain_tokenizer", *IN_MEMORY
+    )
+    index = records.read_split_index(out, "train")
+    total = float(index.durations.astype(np.float64).sum())
+    assert report["num_shards"] == round(total / 5.0) >= 4
+    seconds = np.array([sum(index.durations[a:b]) for a, b in _ranges(index.shard_num_records)])
+    assert seconds.max() / seconds.mean() < 1.10 and seconds.min() / seconds.mean() > 0.90
+    assert report["shard_hours"]["max"] == pytest.approx(seconds.max() / 3600, rel=1e-5)
+    recs = _read_split(out, "train")
+    shard_of_record = np.repeat(np.arange(len(seconds)), index.shard_num_records)
+    by_speaker: dict[str, set[int]] = {}
+    for r, shard in zip(recs, shard_of_record):
+        by_speaker.setdefault(r["speaker"], set()).add(int(shard))
+    assert len(by_speaker) == 60 and all(len(s) == 1 for s in by_speaker.values())
+
+
+def _ranges(counts: list[int]) -> list[tuple[int, int]]:
+    ends = np.cumsum(counts)
+    return [(int(e - c), int(e)) for c, e in zip(counts, ends)]
+
+
+def test_stats_combine_over_shards_equals_one_pass():
+    rng = np.random.default_rng(0)
+    feats = [rng.normal(-3.0, 2.0, size=(8, int(n))) for n in rng.integers(1, 50, size=7)]
+    per_shard = [
+        {"count": f.shape[1], "sum": f.sum(1).tolist(), "sum_sq": (f**2).sum(1).tolist()}
+        for f in feats
+    ] + [None]  # An empty shard.
+    combined = prep.combine_stats(per_shard)
+    everything = np.concatenate(feats, axis=1)
+    assert combined["count"] == everything.shape[1]
+    np.testing.assert_allclose(combined["sum"], everything.sum(1), rtol=1e-12)
+    np.testing.assert_allclose(combined["sum_sq"], (everything**2).sum(1), rtol=1e-12)
+    assert prep.combine_stats([None, None]) is None
 
 
 def test_index_and_durations_match_records(prepared):
@@ -398,3 +499,17 @@ def test_parse_manifest_line(line, expected):
             7,
         )
         assert path is None or item.audio_path == path
+
+
+def test_alphabet_skips_transcripts_with_other_characters(corpus, tmp_path):
+    alphabet = "abcdefghijklmnoprstuvwxy'"  # No q, no z: four transcripts have one.
+    report = _run(
+        corpus, str(tmp_path / "o"), "--alphabet", alphabet, "--notrain_tokenizer", *IN_MEMORY
+    )
+    assert report["skipped"]["out_of_alphabet"] == {
+        "count": 4,
+        "examples": ["wavs/empty", "wavs/good1", "wavs/good2", "wavs/rate8k"],
+    }
+    assert report["num_written"] == len(GOOD) - 1  # good1, good2, rate8k; stereo stays.
+    with pytest.raises(prep.PrepareError, match="--alphabet must be lowercase"):
+        _run(corpus, str(tmp_path / "o"), "--alphabet", "ABC", *IN_MEMORY)
