@@ -72,6 +72,7 @@ from apache_beam.options.pipeline_options import (
 from apache_beam.runners.runner import PipelineState
 
 from data_prep.readers import (
+    NO_SPEAKER,
     READERS,
     AudioError,
     Item,
@@ -104,7 +105,6 @@ OUT_OF_ALPHABET = "out_of_alphabet"
 # Items without a speaker are spread over this many pseudo-speaker groups per shard: enough
 # for the placement to balance, few enough that the placement table stays small.
 PSEUDO_SPEAKERS_PER_SHARD = 64
-NO_SPEAKER = "unknown"
 
 # Event kinds: a skip, or a notice about a written record.
 SKIPPED, RESAMPLED, DOWNMIXED = "skipped", "resampled", "downmixed"
@@ -155,7 +155,13 @@ class PrepConfig:
 def _define_flags(fv: flags.FlagValues) -> None:
     d = dict(flag_values=fv)
     flags.DEFINE_string("format", "manifest", "Input format: " + ", ".join(sorted(READERS)), **d)
-    flags.DEFINE_string("input", None, "Input (manifest file for --format manifest).", **d)
+    flags.DEFINE_string(
+        "input",
+        None,
+        "manifest: a JSON-lines file; librispeech: a split directory; kaldi: a data "
+        "directory; tfds: a dataset name (with --tfds_data_dir).",
+        **d,
+    )
     flags.DEFINE_string("output", None, "Output data directory DIR.", **d)
     flags.DEFINE_string("split", None, "Split name; written to DIR/<split>/.", **d)
     flags.DEFINE_integer("num_shards", None, "Shards (default: see --hours_per_shard).", **d)

@@ -395,8 +395,10 @@ def test_default_multiprocess_runner_flac_and_sentencepiece(corpus, tmp_path):
 def test_clear_errors(corpus, tmp_path, capsys):
     with pytest.raises(prep.PrepareError, match="input manifest not found: .*nope.jsonl"):
         _run(str(tmp_path / "nope.jsonl"), str(tmp_path / "o"), *IN_MEMORY)
-    with pytest.raises(prep.PrepareError, match="unknown --format 'kaldi'"):
-        prep.prepare(["p", "--format", "kaldi", "--input", corpus, "--output", "o", "--split", "x"])
+    with pytest.raises(prep.PrepareError, match="unknown --format 'sphere'"):
+        prep.prepare(
+            ["p", "--format", "sphere", "--input", corpus, "--output", "o", "--split", "x"]
+        )
     blocker = tmp_path / "a_file"
     blocker.write_text("")
     with pytest.raises(prep.PrepareError, match="not writable"):
