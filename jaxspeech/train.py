@@ -27,6 +27,7 @@ from ml_collections import ConfigDict, config_flags
 from jaxspeech import checkpoint as ckpt_lib
 from jaxspeech import evaluate as eval_lib
 from jaxspeech import optim
+from jaxspeech.audio import augment
 from jaxspeech.audio.features import stats_to_mean_std
 from jaxspeech.data import pipeline as pipeline_lib
 from jaxspeech.data.tokenizer import Tokenizer
@@ -43,6 +44,53 @@ class UserError(Exception):
 def log(msg: str) -> None:
     if jax.process_index() == 0:
         print(msg, flush=True)
+
+
+# ---------------------------------------------------------------- waveform augmentation
+def read_noise_list(path: str) -> tuple[str, ...]:
+    """Noise files from JSON lines {"audio_filepath": ...} or one path per line; relative
+    paths are relative to the list's directory.
+
+    Raises:
+      UserError: a missing list, a malformed line (named by its number), or no files.
+    """
+    if not os.path.isfile(path):
+        raise UserError(f"noise manifest not found: {path}")
+    base, files = os.path.dirname(os.path.abspath(path)), []
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            if line.startswith("{"):
+                try:
+                    line = json.loads(line)["audio_filepath"]
+                except (json.JSONDecodeError, KeyError, TypeError) as e:
+                    raise UserError(f"{path}:{line_no}: not a {{audio_filepath}} line") from e
+            files.append(os.path.join(base, line))
+    if not files:
+        raise UserError(f"noise manifest {path} lists no files")
+    return tuple(files)
+
+
+def waveform_augmenter(config: ConfigDict) -> augment.WaveformAugmenter | None:
+    """The loader's host-side augmentation from ``config.waveform_aug`` (None: all off)."""
+    w = config.waveform_aug
+    try:
+        cfg = augment.WaveformAugmentConfig(
+            speeds=tuple(w.speeds),
+            noise_prob=w.noise_prob,
+            snr_db=tuple(w.snr_db),
+            noise_files=read_noise_list(w.noise_manifest) if w.noise_manifest else (),
+            noise_exponents=tuple(w.noise_exponents),
+            reverb_prob=w.reverb_prob,
+            num_rirs=w.num_rirs,
+            rt60=tuple(w.rt60),
+            seed=config.seed,
+        )
+        return augment.WaveformAugmenter(cfg, config.features.sample_rate) if cfg.enabled else None
+    except ValueError as e:  # A bad value, or a noise file that does not exist.
+        raise UserError(f"config.waveform_aug: {e}") from e
 
 
 # ---------------------------------------------------------------- assets
@@ -191,6 +239,7 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
         config.features.sample_rate,
         multiple_of=multiple_of,
     )
+    augmenter = waveform_augmenter(config)
     try:
         train_pipe = pipeline_lib.make_pipeline(
             data_dir=config.data.dir,
@@ -203,10 +252,14 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
             process_count=jax.process_count(),
             num_workers=config.data.num_workers,
             prefetch=config.data.prefetch,
+            speeds=augmenter.cfg.speeds if augmenter else (1.0,),
+            augment=augmenter,
         )
     except FileNotFoundError as e:
         raise UserError(str(e)) from e
     log(f"train data: {train_pipe.describe()}")
+    if augmenter is not None:
+        log(f"waveform augmentation (host): {augmenter.cfg}")
     train_iter = train_pipe.iterator()
 
     # ---------------------------------------------------------- model & optimizer

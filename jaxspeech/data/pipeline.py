@@ -1,12 +1,11 @@
-"""Grain input pipeline: shards -> per-host slice -> decode -> pad to a bucket shape -> batch.
+"""Grain input pipeline: this process's shards -> decode -> augment -> bucket -> pad -> batch.
 
-The order of the data is a pure function of (seed, step): `BatchPlan` assigns
-every utterance to a duration bucket, shuffles each bucket with a per-epoch
-seed, cuts fixed-size *global* batches and shuffles their order. Every process
-computes the same plan and loads only its own contiguous slice of each global
-batch, so all hosts draw the same bucket (and shape) at the same step and no
-host waits on another. The Grain iterator over the plan is checkpointable, and
-since the plan is stateless a restore resumes on exactly the next batch.
+The order of the data is a pure function of (seed, step): `BatchPlan` gives every
+utterance a speed factor and a duration bucket per epoch, and every process computes the
+same sequence of buckets (so all hosts draw the same batch shape at the same step and no
+host waits on another) while filling its batches only with the records of its own shards
+(`owned_records`). The Grain iterator over the plan is checkpointable, and since the plan is
+stateless a restore resumes on exactly the next batch, in any number of worker processes.
 
 Batches (host-local, B = global batch / process count) are dicts of numpy arrays:
   audio (B, S) float32, audio_len (B,) int32, labels (B, U) int32,
@@ -18,7 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import grain
 import numpy as np
@@ -77,12 +77,49 @@ def assign_buckets(durations: np.ndarray, boundaries: Sequence[float]) -> np.nda
     return np.where(idx < len(boundaries), idx, -1).astype(np.int32)
 
 
-class BatchPlan:
-    """Deterministic global batches over an epoch-repeated corpus; plan[i] is step i's batch.
+def owned_records(shard_num_records: Sequence[int], process: int, process_count: int) -> np.ndarray:
+    """The record indices one process reads, ascending.
 
-    Each entry is (bucket, indices) with `indices` of length batch_sizes[bucket]
-    (record indices, PAD_INDEX where the bucket's last batch is short). Nothing is
-    dropped: every in-range utterance appears exactly once per epoch.
+    Whole shards, ``shards[process::process_count]``, when there are at least as many shards
+    as processes: each host opens only its own files, which is what lets thousands of hosts
+    read a corpus without all of them touching every shard. A split with fewer shards than
+    processes (a small dev set) is dealt record by record instead, ``records[process::P]``.
+    Either way the processes' sets are disjoint and cover every record.
+    """
+    counts = np.asarray(shard_num_records, np.int64)
+    if len(counts) >= process_count:
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        mine = range(process, len(counts), process_count)
+        parts = [np.arange(starts[s], starts[s] + counts[s]) for s in mine]
+        return np.concatenate(parts) if parts else np.zeros((0,), np.int64)
+    return np.arange(process, int(counts.sum()), process_count, dtype=np.int64)
+
+
+class PlannedBatch(NamedTuple):
+    """One step's host-local batch: which bucket, which records, at which speed."""
+
+    bucket: int
+    indices: np.ndarray  # (b,) record indices, PAD_INDEX for padding rows
+    speeds: np.ndarray  # (b,) speed-perturbation factors (1.0: none)
+    epoch: int
+
+
+class BatchPlan:
+    """Deterministic batches over an epoch-repeated corpus; ``plan[step]`` is one step's
+    host-local batch for process ``process_index``.
+
+    Per epoch: every record gets a speed factor (seeded; 1.0 if the perturbed audio would
+    not fit the last bucket) and the bucket of its perturbed length. Bucket b gets
+    ``n_b = max over processes of ceil(records of that process in b / local batch size)``
+    batches, and the order of buckets over the epoch is one seeded permutation, so every
+    process computes the same bucket sequence and draws the same batch shape at every step
+    (no host waits on another for a different shape). Each process fills its n_b batches of
+    bucket b with a seeded permutation of its own records of bucket b, padded with
+    PAD_INDEX. Nothing is dropped: every record that fits the last bucket appears exactly
+    once per epoch on exactly one process.
+
+    With one speed, every epoch has the same number of batches; with several, epochs differ
+    slightly and their starts are found by counting (only bucket counts per epoch, cached).
     """
 
     def __init__(
@@ -92,29 +129,92 @@ class BatchPlan:
         *,
         seed: int,
         shuffle: bool,
+        owners: Sequence[np.ndarray] | None = None,
+        process_index: int = 0,
         num_epochs: int | None = None,
+        speeds: Sequence[float] = (1.0,),
     ):
         self.spec = spec
         self.seed = seed
         self.shuffle = shuffle
-        self.buckets = assign_buckets(durations, spec.boundaries)
-        self.members = [np.flatnonzero(self.buckets == b) for b in range(len(spec.boundaries))]
-        self.too_long = np.flatnonzero(self.buckets < 0)
-        self.batches_per_epoch = sum(
-            -(-len(m) // bs) for m, bs in zip(self.members, spec.batch_sizes)
-        )
+        self.owners = [np.arange(len(durations))] if owners is None else list(owners)
+        self.process_index = process_index
+        self.num_epochs = num_epochs
+        self.speeds = np.asarray(speeds, np.float64)
+        if self.speeds.size == 0 or np.any(self.speeds <= 0):
+            raise ValueError(f"speeds must be positive, got {speeds}")
+        process_count = len(self.owners)
+        for bs in spec.batch_sizes:
+            if bs % process_count:
+                raise ValueError(f"global batch {bs} is not divisible by {process_count} processes")
+        self.local_batch_sizes = np.array([bs // process_count for bs in spec.batch_sizes])
+        durations = np.asarray(durations, np.float64)
+        self.samples = np.round(durations * spec.sample_rate).astype(np.int64)
+        self.bucket_samples = np.array([spec.num_samples(b) for b in range(len(spec.boundaries))])
+        self.owner_of = np.full(len(durations), -1, np.int64)
+        for q, mine in enumerate(self.owners):
+            self.owner_of[mine] = q
+        if np.any(self.owner_of < 0):
+            raise ValueError("the owners do not cover every record")
+        self.too_long = np.flatnonzero(self.samples > self.bucket_samples[-1])
+        self._counts: dict[int, np.ndarray] = {}  # epoch -> (num_buckets,) batches
+        self._starts = [0]  # _starts[e]: first step of epoch e (as far as counted)
+        self._cache: tuple[int, tuple[PlannedBatch, ...]] | None = None
+        self.batches_per_epoch = self.batches_in_epoch(0)
         if self.batches_per_epoch == 0:
             raise ValueError("no utterance fits the bucket boundaries; nothing to batch")
-        self.num_epochs = num_epochs
-        self._cache: tuple[int, tuple] | None = None
+
+    @property
+    def perturbs_speed(self) -> bool:
+        return not (self.speeds.size == 1 and self.speeds[0] == 1.0)
+
+    # ---- per-epoch decisions (identical on every process)
+    def _speeds_and_buckets(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """(N,) speed factor and (N,) bucket (-1: too long) of every record in ``epoch``."""
+        n = len(self.samples)
+        if not self.perturbs_speed:
+            factors, lengths = np.ones(n), self.samples
+        else:
+            factors = np.random.default_rng([self.seed, epoch, 1]).choice(self.speeds, n)
+            # The same arithmetic as audio.augment.speed_perturbed_length (halves round up).
+            lengths = np.floor(self.samples / factors + 0.5).astype(np.int64)
+            misfit = lengths > self.bucket_samples[-1]
+            factors = np.where(misfit, 1.0, factors)
+            lengths = np.where(misfit, self.samples, lengths)
+        buckets = np.searchsorted(self.bucket_samples, lengths, side="left")
+        return factors, np.where(buckets < len(self.bucket_samples), buckets, -1)
+
+    def _batches_per_bucket(self, buckets: np.ndarray) -> np.ndarray:
+        """(num_buckets,) n_b: the most batches any process needs for bucket b."""
+        fits = buckets >= 0
+        per = np.zeros((len(self.owners), len(self.bucket_samples)), np.int64)
+        np.add.at(per, (self.owner_of[fits], buckets[fits]), 1)
+        return (-(-per // self.local_batch_sizes[None, :])).max(axis=0)
+
+    def batches_in_epoch(self, epoch: int) -> int:
+        if not self.perturbs_speed:
+            epoch = 0  # Every epoch has the same buckets.
+        if epoch not in self._counts:
+            self._counts[epoch] = self._batches_per_bucket(self._speeds_and_buckets(epoch)[1])
+        return int(self._counts[epoch].sum())
+
+    def epoch_of(self, step: int) -> tuple[int, int]:
+        """(epoch, position within the epoch) of a step."""
+        if not self.perturbs_speed:
+            return divmod(step, self.batches_per_epoch)
+        while self._starts[-1] <= step:
+            self._starts.append(self._starts[-1] + self.batches_in_epoch(len(self._starts) - 1))
+        epoch = int(np.searchsorted(self._starts, step, side="right")) - 1
+        return epoch, step - self._starts[epoch]
 
     def __len__(self) -> int:
-        # Training iterates "forever": a length far beyond any run keeps Grain's index finite.
-        epochs = self.num_epochs if self.num_epochs is not None else 1_000_000
-        return self.batches_per_epoch * epochs
+        if self.num_epochs is None:
+            # Training iterates "forever": a length far beyond any run keeps Grain's index finite.
+            return self.batches_per_epoch * 1_000_000
+        return sum(self.batches_in_epoch(e) for e in range(self.num_epochs))
 
-    def epoch(self, epoch: int) -> tuple[tuple[int, np.ndarray], ...]:
-        """All (bucket, indices) batches of one epoch, in order (the last epoch is cached)."""
+    def epoch(self, epoch: int) -> tuple[PlannedBatch, ...]:
+        """This process's batches of one epoch, in order (the last epoch is cached)."""
         cached = self._cache
         if cached is not None and cached[0] == epoch:
             return cached[1]
@@ -122,50 +222,79 @@ class BatchPlan:
         self._cache = (epoch, batches)
         return batches
 
-    def _make_epoch(self, epoch: int) -> tuple[tuple[int, np.ndarray], ...]:
-        rng = np.random.default_rng([self.seed, epoch])
-        batches = []
-        for b, members in enumerate(self.members):
-            bs = self.spec.batch_sizes[b]
-            order = rng.permutation(members) if self.shuffle else members
-            pad = (-len(order)) % bs
-            order = np.concatenate([order, np.full(pad, PAD_INDEX, np.int64)])
-            batches += [(b, order[i : i + bs]) for i in range(0, len(order), bs)]
+    def _make_epoch(self, epoch: int) -> tuple[PlannedBatch, ...]:
+        factors, buckets = self._speeds_and_buckets(epoch)
+        counts = self._batches_per_bucket(buckets)
+        sequence = np.repeat(np.arange(len(counts)), counts)  # The bucket of each batch.
         if self.shuffle:
-            batches = [batches[i] for i in rng.permutation(len(batches))]
+            sequence = np.random.default_rng([self.seed, epoch, 2]).permutation(sequence)
+        local_rng = np.random.default_rng([self.seed, epoch, 3, self.process_index])
+        mine = self.owners[self.process_index]
+        rows = []  # rows[b]: (n_b, local batch) record indices of bucket b, padded.
+        for b, n_b in enumerate(counts):
+            members = mine[buckets[mine] == b]
+            if self.shuffle:
+                members = local_rng.permutation(members)
+            lb = int(self.local_batch_sizes[b])
+            padded = np.full(n_b * lb, PAD_INDEX, np.int64)
+            padded[: len(members)] = members
+            rows.append(padded.reshape(n_b, lb))
+        taken = np.zeros(len(counts), np.int64)
+        batches = []
+        for b in sequence:
+            idx = rows[b][taken[b]]
+            taken[b] += 1
+            speed = np.where(idx == PAD_INDEX, 1.0, factors[np.maximum(idx, 0)])
+            batches.append(PlannedBatch(int(b), idx, speed.astype(np.float32), epoch))
         return tuple(batches)
 
-    def __getitem__(self, step: int) -> tuple[int, np.ndarray]:
-        return self.epoch(step // self.batches_per_epoch)[step % self.batches_per_epoch]
+    def __getitem__(self, step: int) -> PlannedBatch:
+        epoch, position = self.epoch_of(step)
+        return self.epoch(epoch)[position]
+
+    def padding_fraction(self, epoch: int = 0) -> float:
+        """Share of this process's rows in ``epoch`` that are padding."""
+        batches = self.epoch(epoch)
+        rows = sum(len(b.indices) for b in batches)
+        return sum(int(np.sum(b.indices == PAD_INDEX)) for b in batches) / max(rows, 1)
 
 
-def process_slice(indices: np.ndarray, process_index: int, process_count: int) -> np.ndarray:
-    """This process's contiguous part of a global batch (its rows of the global array)."""
-    n = len(indices)
-    if n % process_count:
-        raise ValueError(f"global batch {n} is not divisible by {process_count} processes")
-    per = n // process_count
-    return indices[process_index * per : (process_index + 1) * per]
+# augment(audio (N,) float32, rng, speed) -> (speed_perturbed_length(N, speed),) float32: the
+# host-side waveform augmentation (audio.augment.WaveformAugmenter), injected by the caller
+# so that this package stays free of audio code.
+Augment = Callable[[np.ndarray, np.random.Generator, float], np.ndarray]
 
 
 class LoadBatch:
-    """Reads, decodes and pads one host-local batch. Picklable (opens shards lazily per worker)."""
+    """Reads, decodes, augments and pads one host-local batch. Picklable (opens shards
+    lazily per worker).
+
+    The augmentation of a row draws from ``default_rng([augment_seed, epoch, record])``: the
+    same for a record in an epoch however many workers load it and whenever it is resumed.
+    """
 
     def __init__(
         self,
         shard_paths: Sequence[str],
         tokenizer_dir: str,
         spec: BucketSpec,
-        process_index: int,
-        process_count: int,
         with_text: bool = False,
+        augment: Augment | None = None,
+        augment_seed: int = 0,
+        records_in_paths: np.ndarray | None = None,
     ):
+        """Args:
+        shard_paths: the shards this process opens.
+        records_in_paths: the (ascending) global record indices those shards hold, in
+          order; None when ``shard_paths`` is the whole split.
+        """
         self.shard_paths = list(shard_paths)
+        self.records_in_paths = records_in_paths
         self.tokenizer_dir = tokenizer_dir
         self.spec = spec
-        self.process_index = process_index
-        self.process_count = process_count
         self.with_text = with_text
+        self.augment = augment
+        self.augment_seed = augment_seed
         self._source = None
         self._tokenizer = None
 
@@ -187,9 +316,8 @@ class LoadBatch:
             self._tokenizer = Tokenizer.load(self.tokenizer_dir)
         return self._tokenizer
 
-    def __call__(self, planned: tuple[int, np.ndarray]) -> dict:
-        bucket, global_indices = planned
-        indices = process_slice(np.asarray(global_indices), self.process_index, self.process_count)
+    def __call__(self, planned: PlannedBatch) -> dict:
+        bucket, indices = planned.bucket, np.asarray(planned.indices)
         b, s, u = len(indices), self.spec.num_samples(bucket), self.spec.max_labels[bucket]
         out = {
             "audio": np.zeros((b, s), np.float32),
@@ -202,10 +330,16 @@ class LoadBatch:
         }
         texts, ids = [""] * b, [""] * b
         real = [i for i in range(b) if indices[i] != PAD_INDEX]
-        raw = self.source.__getitems__([int(indices[i]) for i in real]) if real else []
+        local = indices[real]
+        if self.records_in_paths is not None:
+            local = np.searchsorted(self.records_in_paths, local)
+        raw = self.source.__getitems__([int(i) for i in local]) if real else []
         for row, data in zip(real, raw):
             rec = records.decode_record(data)
-            audio = rec["audio"]
+            audio = rec["audio"].astype(np.float32) / 32768.0
+            if self.augment is not None:
+                rng = np.random.default_rng([self.augment_seed, planned.epoch, int(indices[row])])
+                audio = self.augment(audio, rng, float(planned.speeds[row]))
             if len(audio) > s:
                 raise ValueError(
                     f"record {rec['id']} has {len(audio)} samples, more than its bucket's {s}: "
@@ -214,7 +348,7 @@ class LoadBatch:
             text = normalize_text(rec["text"])
             labels = self.tokenizer.encode(text)
             texts[row], ids[row] = text, rec["id"]
-            out["audio"][row, : len(audio)] = audio.astype(np.float32) / 32768.0
+            out["audio"][row, : len(audio)] = audio
             out["audio_len"][row] = len(audio)
             if len(labels) > u:
                 # Too many tokens for this bucket's fixed label width: counted, never truncated.
@@ -257,11 +391,15 @@ class Pipeline:
         shapes = ", ".join(
             f"<={bd:g}s: {bs}x{s}" for bd, (bs, s, _) in zip(spec.boundaries, spec.shapes())
         )
+        plan = self.plan
+        mine = plan.owners[plan.process_index]
         return (
-            f"{self.index.num_records} utterances, {self.index.seconds / 3600:.2f} h, "
-            f"{self.plan.batches_per_epoch} batches/epoch, "
-            f"{len(self.plan.too_long)} longer than {spec.boundaries[-1]:g}s skipped; "
-            f"buckets {shapes}"
+            f"{self.index.num_records} utterances, {self.index.seconds / 3600:.2f} h; "
+            f"this process reads {len(mine)} of them from {len(self.load.shard_paths)} of "
+            f"{len(self.index.shard_paths)} shards; {plan.batches_per_epoch} batches/epoch "
+            f"({100 * plan.padding_fraction():.1f}% padding rows), "
+            f"{len(plan.too_long)} longer than {spec.boundaries[-1]:g}s skipped; "
+            f"{len(spec.boundaries)} batch shapes (global): {shapes}"
         )
 
 
@@ -277,10 +415,14 @@ def make_pipeline(
     process_count: int = 1,
     num_workers: int = 0,
     prefetch: int = 2,
+    speeds: Sequence[float] = (1.0,),
+    augment: Augment | None = None,
 ) -> Pipeline:
     """Pipeline over `data_dir/split` prepared by `python -m data_prep.prepare`.
 
-    train=True: shuffled, epoch-repeated. train=False: one pass in corpus order.
+    train=True: shuffled, epoch-repeated, with speed perturbation over ``speeds`` and the
+    ``augment`` function applied to every waveform. train=False: one pass in corpus order,
+    no augmentation. Each process reads only the records of `owned_records`.
     """
     index = records.read_split_index(data_dir, split)
     if index.sample_rate != spec.sample_rate:
@@ -288,13 +430,31 @@ def make_pipeline(
             f"{data_dir}/{split} is at {index.sample_rate} Hz but the config expects "
             f"{spec.sample_rate} Hz"
         )
-    for bs in spec.batch_sizes:
-        if bs % process_count:
-            raise ValueError(f"global batch {bs} is not divisible by {process_count} processes")
+    if not 0 <= process_index < process_count:
+        raise ValueError(f"process {process_index} of {process_count}?")
+    if tuple(speeds) != (1.0,) and augment is None:
+        raise ValueError("speed perturbation needs the augment function that applies it")
+    owners = [
+        owned_records(index.shard_num_records, q, process_count) for q in range(process_count)
+    ]
     plan = BatchPlan(
-        index.durations, spec, seed=seed, shuffle=train, num_epochs=None if train else 1
+        index.durations,
+        spec,
+        seed=seed,
+        shuffle=train,
+        owners=owners,
+        process_index=process_index,
+        num_epochs=None if train else 1,
+        speeds=speeds if train else (1.0,),
     )
+    by_shard = len(index.shard_paths) >= process_count
     load = LoadBatch(
-        index.shard_paths, tokenizer_dir, spec, process_index, process_count, with_text=not train
+        index.shard_paths[process_index::process_count] if by_shard else index.shard_paths,
+        tokenizer_dir,
+        spec,
+        with_text=not train,
+        augment=augment if train else None,
+        augment_seed=seed,
+        records_in_paths=owners[process_index] if by_shard else None,
     )
     return Pipeline(plan, load, index, num_workers=num_workers, prefetch=prefetch)

@@ -5,8 +5,9 @@ import os
 import numpy as np
 import pytest
 from absl import flags
-from array_record.python.array_record_module import ArrayRecordWriter
+from array_record.python.array_record_module import ArrayRecordReader, ArrayRecordWriter
 
+from jaxspeech.audio import augment
 from jaxspeech.data import pipeline as pl
 from jaxspeech.data import records
 from jaxspeech.data.tokenizer import train_char_tokenizer
@@ -81,7 +82,7 @@ def test_plan_covers_each_utterance_once_per_epoch(corpus):
     for epoch in range(2):
         seen = []
         for step in range(epoch * plan.batches_per_epoch, (epoch + 1) * plan.batches_per_epoch):
-            bucket, idx = plan[step]
+            bucket, idx = plan[step].bucket, plan[step].indices
             assert len(idx) == plan.spec.batch_sizes[bucket]
             real = idx[idx != pl.PAD_INDEX]
             assert np.all(index.durations[real] <= plan.spec.boundaries[bucket])
@@ -90,19 +91,21 @@ def test_plan_covers_each_utterance_once_per_epoch(corpus):
     # Deterministic from the seed, fresh order per epoch, and a different seed differs.
     again = pl.BatchPlan(index.durations, spec(), seed=3, shuffle=True)
     order = lambda p, e: [
-        tuple(p[e * p.batches_per_epoch + i][1]) for i in range(p.batches_per_epoch)
+        tuple(p[e * p.batches_per_epoch + i].indices) for i in range(p.batches_per_epoch)
     ]
     assert order(plan, 0) == order(again, 0)
     assert order(plan, 0) != order(plan, 1)
     assert order(plan, 0) != order(pl.BatchPlan(index.durations, spec(), seed=4, shuffle=True), 0)
 
 
-def test_process_slices_are_disjoint_and_cover_the_batch():
-    idx = np.arange(12)
-    parts = [pl.process_slice(idx, p, 3) for p in range(3)]
-    np.testing.assert_array_equal(np.concatenate(parts), idx)
-    with pytest.raises(ValueError):
-        pl.process_slice(idx, 0, 5)
+def test_owned_records_are_whole_shards_or_strided():
+    counts = [3, 0, 4, 2, 5]
+    parts = [pl.owned_records(counts, p, 2) for p in range(2)]
+    np.testing.assert_array_equal(parts[0], [0, 1, 2, 3, 4, 5, 6, 9, 10, 11, 12, 13])  # 0, 2, 4
+    np.testing.assert_array_equal(parts[1], [7, 8])  # Shards 1 (empty) and 3.
+    few = [pl.owned_records([3, 4], p, 3) for p in range(3)]  # Fewer shards than processes.
+    np.testing.assert_array_equal(np.sort(np.concatenate(few)), np.arange(7))
+    np.testing.assert_array_equal(few[1], [1, 4])
 
 
 def test_load_batch_pads_and_tokenizes(corpus):
@@ -119,7 +122,7 @@ def test_load_batch_pads_and_tokenizes(corpus):
     tok = pipe.load.tokenizer
     seen = 0
     for step in range(len(pipe.plan)):
-        bucket, idx = pipe.plan[step]
+        bucket, idx = pipe.plan[step].bucket, pipe.plan[step].indices
         batch = pipe.load(pipe.plan[step])
         s = pipe.plan.spec.num_samples(bucket)
         assert batch["audio"].shape == (len(idx), s) and batch["audio"].dtype == np.float32
@@ -159,44 +162,96 @@ def test_label_overflow_is_counted_not_truncated(corpus):
         assert np.all(b["weight"][b["label_overflow"] == 1] == 0)
 
 
-def test_two_processes_read_disjoint_halves(corpus):
-    root, _ = corpus
-    tok = os.path.join(root, "tokenizer")
-    pipes = [
-        pl.make_pipeline(
-            data_dir=root,
-            split="train",
-            tokenizer_dir=tok,
-            spec=spec(2),
-            seed=1,
-            train=True,
-            process_index=p,
-            process_count=2,
-        )
-        for p in range(2)
+def _pipe(root, process_index=0, process_count=1, **kw):
+    args = dict(
+        data_dir=root,
+        split="train",
+        tokenizer_dir=os.path.join(root, "tokenizer"),
+        spec=spec(process_count),
+        seed=1,
+        train=True,
+        process_index=process_index,
+        process_count=process_count,
+    )
+    return pl.make_pipeline(**{**args, **kw})
+
+
+@pytest.mark.parametrize("speeds", [(1.0,), (0.9, 1.0, 1.1)])
+def test_two_processes_read_disjoint_shards_covering_everything(corpus, speeds):
+    root, by_id = corpus
+    index = records.read_split_index(root, "train")
+    aug = augment.WaveformAugmenter(augment.WaveformAugmentConfig(speeds=speeds), SR)
+    pipes = [_pipe(root, p, 2, speeds=speeds, augment=aug) for p in range(2)]
+    # Process 0 opens shards 0 and 2, process 1 shard 1, and nothing else.
+    assert [os.path.basename(x)[:11] for x in pipes[0].load.shard_paths] == [
+        "train-00000",
+        "train-00002",
     ]
-    whole = pl.make_pipeline(
-        data_dir=root, split="train", tokenizer_dir=tok, spec=spec(2), seed=1, train=True
-    ).load
-    for step in range(5):
-        a, b = (p.load(p.plan[step]) for p in pipes)
-        full = whole(pipes[0].plan[step])
-        np.testing.assert_array_equal(np.concatenate([a["audio"], b["audio"]]), full["audio"])
+    assert [os.path.basename(x)[:11] for x in pipes[1].load.shard_paths] == ["train-00001"]
+    shard_of_record = np.repeat(np.arange(3), index.shard_num_records)
+    for epoch in range(2):
+        first = pipes[0].plan.epoch_of(0)[0] + sum(
+            pipes[0].plan.batches_in_epoch(e) for e in range(epoch)
+        )
+        n = pipes[0].plan.batches_in_epoch(epoch)
+        assert n == pipes[1].plan.batches_in_epoch(epoch)
+        seen = [[], []]
+        for step in range(first, first + n):
+            planned = [p.plan[step] for p in pipes]
+            assert planned[0].bucket == planned[1].bucket  # The same shape on every host.
+            assert planned[0].epoch == planned[1].epoch == epoch
+            for p in range(2):
+                idx = planned[p].indices[planned[p].indices != pl.PAD_INDEX]
+                assert set(shard_of_record[idx] % 2) <= {p}
+                seen[p] += idx.tolist()
+        assert not set(seen[0]) & set(seen[1])
+        everything = sorted(seen[0] + seen[1])
+        assert everything == sorted(set(range(index.num_records)) - set(pipes[0].plan.too_long))
+    # Loading through each process's own shards gives the records the plan names, at the
+    # planned speed (audio length exactly speed_perturbed_length).
+    id_of = _ids_in_index_order(index)
+    for p in range(2):
+        for step in range(4):
+            planned = pipes[p].plan[step]
+            batch = pipes[p].load(planned)
+            assert batch["audio"].shape == (
+                pipes[p].plan.local_batch_sizes[planned.bucket],
+                spec().num_samples(planned.bucket),
+            )
+            for row, i in enumerate(planned.indices):
+                if i == pl.PAD_INDEX:
+                    continue
+                source = by_id[id_of[i]][0]
+                n = augment.speed_perturbed_length(len(source), float(planned.speeds[row]))
+                assert batch["audio_len"][row] == n
+                if planned.speeds[row] == 1.0:
+                    np.testing.assert_array_equal(batch["audio"][row, :n], source / 32768.0)
+
+
+def _ids_in_index_order(index) -> list[str]:
+    out = []
+    for path in index.shard_paths:
+        reader = ArrayRecordReader(path)
+        out += [records.decode_header(b)["id"] for b in reader.read_all()]
+        reader.close()
+    return out
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_iterator_state_restore_is_exact(corpus, num_workers):
+    """With every host-side augmentation on: speed, reverb, noise."""
     if num_workers and not flags.FLAGS.is_parsed():
         flags.FLAGS.mark_as_parsed()  # Grain's worker processes read absl flags
     root, _ = corpus
-    make = lambda: pl.make_pipeline(
-        data_dir=root,
-        split="train",
-        tokenizer_dir=os.path.join(root, "tokenizer"),
-        spec=spec(),
+    cfg = augment.WaveformAugmentConfig(
+        speeds=(0.9, 1.0, 1.1), noise_prob=1.0, reverb_prob=0.5, num_rirs=4
+    )
+    make = lambda: _pipe(
+        root,
         seed=5,
-        train=True,
         num_workers=num_workers,
+        speeds=cfg.speeds,
+        augment=augment.WaveformAugmenter(cfg, SR),
     )
     pipe = make()
     it = pipe.iterator()
@@ -210,3 +265,14 @@ def test_iterator_state_restore_is_exact(corpus, num_workers):
     for e, g in zip(expected, got):
         for k in e:
             np.testing.assert_array_equal(e[k], g[k])
+    # Noise and reverb did something: the same planned batch with speed perturbation only.
+    speed_only = _pipe(
+        root,
+        seed=5,
+        speeds=cfg.speeds,
+        augment=augment.WaveformAugmenter(augment.WaveformAugmentConfig(speeds=cfg.speeds), SR),
+    )
+    step = pipe.plan.batches_per_epoch - 2
+    plain = speed_only.load(speed_only.plan[step])
+    np.testing.assert_array_equal(plain["audio_len"], expected[0]["audio_len"])
+    assert not np.allclose(plain["audio"], expected[0]["audio"], atol=1e-3)
