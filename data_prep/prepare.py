@@ -999,7 +999,12 @@ def prepare(argv: list[str]) -> dict[str, Any]:
     options, runner = pipeline_options(beam_args)
     p = beam.Pipeline(runner=runner, options=options)
     staging = _staging_path(cfg.output, cfg.split)
-    build_pipeline(p, cfg, staging)  # Raises for a missing input before anything is written.
+    try:
+        build_pipeline(p, cfg, staging)  # Raises for a missing input before anything is written.
+    except PrepareError:
+        # Beam removes the pipeline's local temp directory only when the pipeline runs.
+        shutil.rmtree(p.local_tempdir, ignore_errors=True)
+        raise
     _make_dirs(staging, subdirs=("_parts", "_spill"))
     try:
         result = p.run()

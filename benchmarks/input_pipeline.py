@@ -1,0 +1,235 @@
+"""Input pipeline throughput with every host-side augmentation on, against the train step.
+
+`python benchmarks/input_pipeline.py [--quick] [--data DIR] [--num_workers N]` measures,
+in one run on the current machine:
+
+  loader_audio_s_per_s  seconds of real (unpadded) audio per wall second that the demo's
+                        Grain train pipeline delivers with speed perturbation (0.9/1.0/1.1),
+                        additive noise (every utterance) and simulated-RIR reverberation
+                        (every utterance): read, decode, augment, tokenize, pad, batch;
+  train_audio_s_per_s   seconds of real audio per wall second that the demo's jitted train
+                        step (configs/demo.py: Conformer-CTC, one device) consumes, on batches
+                        of the same shapes, after every shape is compiled;
+  ratio                 loader / train. Goal: >= 5, so that the loader needs at most a
+                        fifth of the host's time and never starves the step.
+
+The two are timed one after the other, not concurrently, so each has the machine to itself.
+The corpus is synthetic noise with the demo corpus's durations (0.9-6.2 s), written as
+ArrayRecord shards into a temporary directory, unless `--data` names a prepared data
+directory (e.g. data/demo/shards). Prints a table and writes
+`benchmarks/results/input_pipeline.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import flags
+from array_record.python.array_record_module import ArrayRecordWriter
+from flax import nnx
+
+from configs import demo
+from jaxspeech import evaluate as eval_lib
+from jaxspeech import optim
+from jaxspeech import train as train_lib
+from jaxspeech.audio import augment
+from jaxspeech.data import pipeline as pipeline_lib
+from jaxspeech.data import records
+from jaxspeech.data.tokenizer import Tokenizer, train_char_tokenizer
+from jaxspeech.parallel import mesh as mesh_lib
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+WORDS = "the a speech model of recognition train data audio loader step fast shard".split()
+
+
+def synth_corpus(root: str, num_utterances: int, sample_rate: int, seed: int = 0) -> None:
+    """Noise utterances with demo-like durations, 2 shards, an index and a char tokenizer."""
+    rng = np.random.default_rng(seed)
+    split_dir = os.path.join(root, "train")
+    os.makedirs(split_dir)
+    durations = np.clip(rng.lognormal(np.log(2.4), 0.4, num_utterances), 0.9, 6.2)
+    texts, shards, all_durations = [], [], []
+    for s in range(2):
+        name = f"train-{s:05d}-of-00002.array_record"
+        writer = ArrayRecordWriter(os.path.join(split_dir, name), "group_size:1")
+        mine = durations[s::2]
+        for i, d in enumerate(mine):
+            audio = (rng.standard_normal(int(d * sample_rate)) * 3000).astype(np.int16)
+            # ~14 characters per second, like the demo's espeak speech.
+            text = " ".join(rng.choice(WORDS, max(1, int(d * 2.5))))
+            texts.append(text)
+            writer.write(
+                records.encode_record(
+                    id=f"u{s}-{i:05d}", audio=audio, sample_rate=sample_rate, text=text, speaker="s"
+                )
+            )
+            all_durations.append(len(audio) / sample_rate)
+        writer.close()
+        seconds = float(np.sum(np.round(mine * sample_rate).astype(int)) / sample_rate)
+        shards.append({"path": name, "num_records": len(mine), "seconds": seconds})
+    records.write_split_index(
+        split_dir, shards, np.asarray(all_durations), {"sample_rate": sample_rate}
+    )
+    train_char_tokenizer(texts).save(os.path.join(root, "tokenizer"))
+
+
+def real_seconds(batch: dict, sample_rate: int) -> float:
+    """Seconds of audio in the rows that carry an utterance (weight or label overflow)."""
+    real = (batch["weight"] > 0) | (batch["label_overflow"] > 0)
+    return float(batch["audio_len"][real].sum()) / sample_rate
+
+
+def time_loader(pipe: pipeline_lib.Pipeline, num_batches: int, sample_rate: int) -> dict:
+    """Audio seconds per second delivered by the pipeline's iterator, from its creation (so
+    starting worker processes, building the RIR bank and filling the prefetch buffer are
+    paid for, not hidden)."""
+    t0, audio_s = time.perf_counter(), 0.0
+    it = pipe.iterator()
+    for _ in range(num_batches):
+        audio_s += real_seconds(next(it), sample_rate)
+    wall = time.perf_counter() - t0
+    return {"batches": num_batches, "audio_s": audio_s, "wall_s": wall, "rate": audio_s / wall}
+
+
+def time_train_step(config, data_dir: str, spec, num_steps: int) -> dict:
+    """Audio seconds per second consumed by the demo's jitted train step, one device."""
+    mesh = mesh_lib.make_mesh(config.mesh.to_dict())
+    tokenizer = Tokenizer.load(os.path.join(data_dir, "tokenizer"))
+    graphdef, _, _, p_shard, v_shard = eval_lib.abstract_model(config, tokenizer.vocab_size, mesh)
+    model = eval_lib.make_model(config, tokenizer.vocab_size, config.seed)
+    params = jax.device_put(nnx.to_pure_dict(nnx.state(model, nnx.Param)), p_shard)
+    num_bins = config.features.num_mel_bins
+    model_vars = jax.device_put(
+        {
+            "frontend": {
+                "mean": np.zeros(num_bins, np.float32),
+                "std": np.ones(num_bins, np.float32),
+            }
+        },
+        v_shard,
+    )
+    tx, _ = optim.make_optimizer(config.optim, int(config.train.num_steps))
+    opt_state, o_shard = train_lib.init_opt_state(tx, params, mesh)
+    step_fn = jax.jit(
+        train_lib.make_train_step(graphdef, tx, config.seed, tokenizer.blank_id),
+        out_shardings=(p_shard, o_shard, None),
+        donate_argnums=(0, 2),
+    )
+    # The batches the step would see, without augmentation (the same shapes), preloaded.
+    pipe = pipeline_lib.make_pipeline(
+        data_dir=data_dir,
+        split="train",
+        tokenizer_dir=os.path.join(data_dir, "tokenizer"),
+        spec=spec,
+        seed=config.seed,
+        train=True,
+    )
+    keys = ("audio", "audio_len", "labels", "label_len", "weight", "label_overflow")
+    batches = [{k: pipe.load(pipe.plan[i])[k] for k in keys} for i in range(num_steps)]
+    t0 = time.perf_counter()
+    for bucket in sorted({pipe.plan[i].bucket for i in range(num_steps)}):  # Compile each.
+        first = next(i for i in range(num_steps) if pipe.plan[i].bucket == bucket)
+        # The same step dtype as below: a Python int would compile another signature.
+        params, opt_state, m = step_fn(params, model_vars, opt_state, batches[first], jnp.int32(0))
+        jax.block_until_ready(m)
+    compile_s = time.perf_counter() - t0
+    audio_s, wall = 0.0, 0.0
+    for step, batch in enumerate(batches):
+        t = time.perf_counter()
+        params, opt_state, m = step_fn(params, model_vars, opt_state, batch, jnp.int32(step))
+        jax.block_until_ready(m)
+        wall += time.perf_counter() - t
+        audio_s += real_seconds(batch, spec.sample_rate)
+    return {
+        "steps": num_steps,
+        "audio_s": audio_s,
+        "wall_s": wall,
+        "rate": audio_s / wall,
+        "compile_s": compile_s,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer batches and steps")
+    parser.add_argument("--data", default=None, help="a prepared data dir (default: synthetic)")
+    parser.add_argument("--num_workers", type=int, default=0, help="Grain worker processes")
+    args = parser.parse_args()
+    flags.FLAGS.mark_as_parsed()  # Grain's worker processes read absl flags.
+    config = demo.get_config()
+    sr = config.features.sample_rate
+    loader_batches, train_steps = (40, 12) if args.quick else (200, 60)
+    with tempfile.TemporaryDirectory() as tmp:
+        data_dir = args.data
+        if data_dir is None:
+            data_dir = tmp
+            synth_corpus(tmp, 400 if args.quick else 1500, sr)
+        spec = pipeline_lib.make_bucket_spec(
+            config.data.bucket_boundaries,
+            config.data.batch_seconds,
+            config.data.max_tokens_per_second,
+            sr,
+        )
+        aug_cfg = augment.WaveformAugmentConfig(
+            speeds=(0.9, 1.0, 1.1), noise_prob=1.0, reverb_prob=1.0, seed=config.seed
+        )
+        loader_pipe = pipeline_lib.make_pipeline(
+            data_dir=data_dir,
+            split="train",
+            tokenizer_dir=os.path.join(data_dir, "tokenizer"),
+            spec=spec,
+            seed=config.seed,
+            train=True,
+            num_workers=args.num_workers,
+            prefetch=config.data.prefetch,
+            speeds=aug_cfg.speeds,
+            augment=augment.WaveformAugmenter(aug_cfg, sr),
+        )
+        loader = time_loader(loader_pipe, loader_batches, sr)
+        train = time_train_step(config, data_dir, spec, train_steps)
+    device = jax.devices()[0]
+    result = {
+        "benchmark": "input_pipeline",
+        "device": f"{device.platform}:{device.device_kind}",
+        "cpu_count": os.cpu_count(),
+        "machine": platform.processor() or platform.machine(),
+        "jax": jax.__version__,
+        "data": args.data or "synthetic",
+        "num_workers": args.num_workers,
+        "augmentation": {
+            "speeds": list(aug_cfg.speeds),
+            "noise_prob": aug_cfg.noise_prob,
+            "reverb_prob": aug_cfg.reverb_prob,
+        },
+        "loader": loader,
+        "train": train,
+        "loader_audio_s_per_s": loader["rate"],
+        "train_audio_s_per_s": train["rate"],
+        "ratio": loader["rate"] / train["rate"],
+    }
+    print("| stage | batches | audio s | wall s | audio s / s |")
+    print("|---|---|---|---|---|")
+    for name, r in (("loader (all augmentation)", loader), ("demo train step", train)):
+        n = r.get("batches", r.get("steps"))
+        print(f"| {name} | {n} | {r['audio_s']:.0f} | {r['wall_s']:.1f} | {r['rate']:.1f} |")
+    print(f"ratio loader / train: {result['ratio']:.1f} (goal >= 5)")
+    if not math.isfinite(result["ratio"]):
+        raise SystemExit("no audio was timed")
+    os.makedirs(RESULTS, exist_ok=True)
+    path = os.path.join(RESULTS, "input_pipeline.json")
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
