@@ -16,21 +16,10 @@ from array_record.python.array_record_module import ArrayRecordReader
 from data_prep import prepare as prep
 from data_prep import readers
 from jaxspeech.data import records
-
-IN_MEMORY = ["--direct_running_mode=in_memory", "--direct_num_workers=1"]
+from tests.data_prep.test_prepare import IN_MEMORY, _tone
 
 # tensorflow-datasets 4.9.10 calls a protobuf API that protobuf deprecates; not ours to fix.
 pytestmark = pytest.mark.filterwarnings("ignore:label\\(\\) is deprecated:DeprecationWarning")
-
-
-def _tone(seconds: float, sample_rate: int, seed: int, channels: int = 1) -> np.ndarray:
-    """(N,) or (N, C) float32 sine + noise, well inside [-1, 1]."""
-    rng = np.random.default_rng(seed)
-    t = np.arange(int(round(seconds * sample_rate))) / sample_rate
-    x = 0.3 * np.sin(2 * np.pi * (200 + 50 * seed) * t) + 0.05 * rng.standard_normal(t.size)
-    if channels > 1:
-        x = np.stack([x * (c + 1) / channels for c in range(channels)], axis=1)
-    return x.astype(np.float32)
 
 
 def _write(path, audio: np.ndarray, sample_rate: int) -> str:
