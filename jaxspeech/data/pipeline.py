@@ -273,7 +273,7 @@ class LoadBatch:
     """Reads, decodes, augments and pads one host-local batch. Picklable (opens shards
     lazily per worker).
 
-    The augmentation of a row draws from ``default_rng([augment_seed, epoch, record])``: the
+    The augmentation of a row draws from ``default_rng([augment_seed, epoch, 4, record])``: the
     same for a record in an epoch however many workers load it and whenever it is resumed.
     """
 
@@ -342,7 +342,10 @@ class LoadBatch:
             rec = records.decode_record(data)
             audio = rec["audio"].astype(np.float32) / 32768.0
             if self.augment is not None:
-                rng = np.random.default_rng([self.augment_seed, planned.epoch, int(indices[row])])
+                # Tag 4: a stream apart from the plan's (seed, epoch, 1|2|3) ones.
+                rng = np.random.default_rng(
+                    [self.augment_seed, planned.epoch, 4, int(indices[row])]
+                )
                 audio = self.augment(audio, rng, float(planned.speeds[row]))
             if len(audio) > s:
                 raise ValueError(
