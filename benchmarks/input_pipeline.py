@@ -88,6 +88,19 @@ def real_seconds(batch: dict, sample_rate: int) -> float:
     return float(batch["audio_len"][real].sum()) / sample_rate
 
 
+def train_pipeline(data_dir: str, spec, seed: int, **kw) -> pipeline_lib.Pipeline:
+    """The demo's train pipeline over ``data_dir`` (``kw``: workers, prefetch, augmentation)."""
+    return pipeline_lib.make_pipeline(
+        data_dir=data_dir,
+        split="train",
+        tokenizer_dir=os.path.join(data_dir, "tokenizer"),
+        spec=spec,
+        seed=seed,
+        train=True,
+        **kw,
+    )
+
+
 def time_loader(pipe: pipeline_lib.Pipeline, num_batches: int, sample_rate: int) -> dict:
     """Audio seconds per second delivered by the pipeline's iterator, from its creation (so
     starting worker processes, building the RIR bank and filling the prefetch buffer are
@@ -125,14 +138,7 @@ def time_train_step(config, data_dir: str, spec, num_steps: int) -> dict:
         donate_argnums=(0, 2),
     )
     # The batches the step would see, without augmentation (the same shapes), preloaded.
-    pipe = pipeline_lib.make_pipeline(
-        data_dir=data_dir,
-        split="train",
-        tokenizer_dir=os.path.join(data_dir, "tokenizer"),
-        spec=spec,
-        seed=config.seed,
-        train=True,
-    )
+    pipe = train_pipeline(data_dir, spec, config.seed)
     keys = ("audio", "audio_len", "labels", "label_len", "weight", "label_overflow")
     batches = [{k: pipe.load(pipe.plan[i])[k] for k in keys} for i in range(num_steps)]
     t0 = time.perf_counter()
@@ -182,13 +188,10 @@ def main() -> None:
         aug_cfg = augment.WaveformAugmentConfig(
             speeds=(0.9, 1.0, 1.1), noise_prob=1.0, reverb_prob=1.0, seed=config.seed
         )
-        loader_pipe = pipeline_lib.make_pipeline(
-            data_dir=data_dir,
-            split="train",
-            tokenizer_dir=os.path.join(data_dir, "tokenizer"),
-            spec=spec,
-            seed=config.seed,
-            train=True,
+        loader_pipe = train_pipeline(
+            data_dir,
+            spec,
+            config.seed,
             num_workers=args.num_workers,
             prefetch=config.data.prefetch,
             speeds=aug_cfg.speeds,

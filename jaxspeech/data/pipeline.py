@@ -71,12 +71,6 @@ def make_bucket_spec(
     return BucketSpec(bounds, sizes, labels, sample_rate)
 
 
-def assign_buckets(durations: np.ndarray, boundaries: Sequence[float]) -> np.ndarray:
-    """(N,) seconds -> (N,) bucket index, -1 for utterances longer than the last boundary."""
-    idx = np.searchsorted(np.asarray(boundaries), durations, side="left")
-    return np.where(idx < len(boundaries), idx, -1).astype(np.int32)
-
-
 def owned_records(shard_num_records: Sequence[int], process: int, process_count: int) -> np.ndarray:
     """The record indices one process reads, ascending.
 
