@@ -16,13 +16,14 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
     return x - m - np.log(np.exp(x - m).sum(-1, keepdims=True))
 
 
-def _brute_force(logits_tuv: np.ndarray, labels: list[int], blank: int = 0):
+def _brute_force(logits_tuv: np.ndarray, labels: list[int], blank: int = 0, allowed=None):
     """(-log P(y|x), d(-log P)/d logits) by enumerating every alignment.
 
     An alignment is T blanks and U labels in some order, ending with the blank at
-    (T-1, U): choose which of the first T+U-1 moves emit labels.
+    (T-1, U): choose which of the first T+U-1 moves emit labels. With `allowed`, only the
+    alignments whose every cell (t, u) satisfies allowed(t, u) count ((inf, 0) if none).
     """
-    t_len, u1, _ = logits_tuv.shape
+    t_len, _, _ = logits_tuv.shape
     u_len = len(labels)
     logp = _log_softmax(logits_tuv)
     paths = []  # (log-prob, [(t, u, token)])
@@ -30,18 +31,16 @@ def _brute_force(logits_tuv: np.ndarray, labels: list[int], blank: int = 0):
         t = u = 0
         total, steps = 0.0, []
         for move in range(t_len + u_len):
-            if move in label_moves:
-                token = labels[u]
-                steps.append((t, u, token))
-                total += logp[t, u, token]
-                u += 1
-            else:
-                steps.append((t, u, blank))
-                total += logp[t, u, blank]
-                t += 1
-        paths.append((total, steps))
-    log_p = np.logaddexp.reduce([p for p, _ in paths])
+            token = labels[u] if move in label_moves else blank
+            steps.append((t, u, token))
+            total += logp[t, u, token]
+            u, t = (u + 1, t) if move in label_moves else (u, t + 1)
+        if allowed is None or all(allowed(tt, uu) for tt, uu, _ in steps):
+            paths.append((total, steps))
     grad = np.zeros_like(logp)
+    if not paths:
+        return np.inf, grad
+    log_p = np.logaddexp.reduce([p for p, _ in paths])
     probs = np.exp(logp)
     for p, steps in paths:
         w = np.exp(p - log_p)
