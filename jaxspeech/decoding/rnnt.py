@@ -1,0 +1,234 @@
+"""RNN-T decoding on device: batched greedy search and modified beam search (jit-able).
+
+The model enters as three pure functions, closed over its parameters (static under jit):
+
+- `pred_init(batch_size) -> state`: predictor state, a pytree of arrays with leading dim
+  batch_size, whose context is "blank" (the blank doubles as start-of-sequence).
+- `pred_step(state, tokens_b) -> (pred_bd, new_state)`: feed one int32 label per row.
+- `joint(enc_bd, pred_bd) -> logits_bv`: the joiner on one encoder frame per row, unnormalized.
+
+Everything is batched with static shapes: frames are a `lax.scan`, inner loops have fixed
+length and rows that have nothing to do are masked with `jnp.where`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+PredInit = Callable[[int], Any]
+PredStep = Callable[[Any, jax.Array], tuple[Any, Any]]
+Joint = Callable[[jax.Array, Any], jax.Array]
+
+# Multipliers of the two 32-bit rolling hashes of a label sequence (odd, so multiplication is a
+# bijection mod 2**32); see `rnnt_modified_beam_search` for how collisions are guarded.
+_HASH_MUL = (np.uint32(1_000_003), np.uint32(2_654_435_761))
+
+
+def _select_rows(mask_r: jax.Array, new: Any, old: Any) -> Any:
+    """Per-leaf `where(mask, new, old)` with mask (R,) broadcast over each leaf's trailing dims."""
+
+    def pick(n: jax.Array, o: jax.Array) -> jax.Array:
+        return jnp.where(mask_r.reshape(mask_r.shape + (1,) * (n.ndim - 1)), n, o)
+
+    return jax.tree.map(pick, new, old)
+
+
+def _compact(ids_bn: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Move the ids >= 0 of each row to the front, in order; pad with -1. -> (tokens_bn, num_b)."""
+    emit_bn = ids_bn >= 0
+    b, n = ids_bn.shape
+    pos_bn = jnp.where(emit_bn, jnp.cumsum(emit_bn, axis=1) - 1, n)  # n = dropped
+    rows_bn = jnp.broadcast_to(jnp.arange(b)[:, None], (b, n))
+    out = jnp.full((b, n), -1, jnp.int32).at[rows_bn, pos_bn].set(ids_bn, mode="drop")
+    return out, emit_bn.sum(axis=1).astype(jnp.int32)
+
+
+def rnnt_greedy(
+    enc_btd: jax.Array,
+    enc_len_b: jax.Array,
+    pred_init: PredInit,
+    pred_step: PredStep,
+    joint: Joint,
+    *,
+    blank_id: int = 0,
+    max_symbols_per_frame: int = 3,
+) -> tuple[jax.Array, jax.Array]:
+    """Batched greedy RNN-T search.
+
+    At frame t take the argmax of the joint; a label is emitted and the predictor steps (only in
+    the rows that emitted) and the frame is tried again, until blank or `max_symbols_per_frame`
+    labels, then t advances. Frames at or past `enc_len_b` emit nothing.
+
+    Args:
+      enc_btd: (B, T, D) encoder output.
+      enc_len_b: (B,) int valid frames per row.
+    Returns:
+      tokens_bn: (B, N) int32 labels, N = T * max_symbols_per_frame, padded with -1.
+      num_tokens_b: (B,) int32.
+    """
+    b, t_max, _ = enc_btd.shape
+    s_max = max_symbols_per_frame
+    blank_b = jnp.full((b,), blank_id, jnp.int32)
+    pred0, state0 = pred_step(pred_init(b), blank_b)
+
+    def frame(carry, xs):
+        enc_bd, valid_b = xs
+
+        def symbol(i, c):
+            state, pred, active_b, ys_sb = c
+            y_b = jnp.argmax(joint(enc_bd, pred), axis=-1).astype(jnp.int32)
+            emit_b = active_b & (y_b != blank_id)
+            new_pred, new_state = pred_step(state, jnp.where(emit_b, y_b, blank_id))
+            state = _select_rows(emit_b, new_state, state)
+            pred = _select_rows(emit_b, new_pred, pred)
+            ys_sb = ys_sb.at[i].set(jnp.where(emit_b, y_b, -1))
+            # A row that did not emit (blank, or past its length) is done with this frame.
+            return state, pred, emit_b, ys_sb
+
+        state, pred = carry
+        ys0 = jnp.full((s_max, b), -1, jnp.int32)
+        state, pred, _, ys_sb = lax.fori_loop(0, s_max, symbol, (state, pred, valid_b, ys0))
+        return (state, pred), ys_sb
+
+    valid_tb = jnp.arange(t_max)[:, None] < jnp.asarray(enc_len_b)[None, :]
+    _, ys_tsb = lax.scan(frame, (state0, pred0), (jnp.swapaxes(enc_btd, 0, 1), valid_tb))
+    ys_bn = jnp.transpose(ys_tsb, (2, 0, 1)).reshape(b, t_max * s_max)
+    return _compact(ys_bn)
+
+
+def rnnt_modified_beam_search(
+    enc_btd: jax.Array,
+    enc_len_b: jax.Array,
+    pred_init: PredInit,
+    pred_step: PredStep,
+    joint: Joint,
+    *,
+    beam: int = 4,
+    blank_id: int = 0,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Batched "modified beam search" (icefall's): at most one label per frame.
+
+    Each frame consumes exactly one output per hypothesis: blank (the hypothesis is unchanged) or
+    one label (appended; the predictor steps; no blank is added for that frame). K = `beam`
+    hypotheses per row; from the K*V candidates score_k + log_softmax(joint)_k[v] the top K are
+    kept, and candidates with the same label sequence are merged by log-add-exp (the merged
+    score goes to the best of them, the others drop to -inf, so the beam may hold fewer than K
+    live hypotheses, as in icefall). Initially one live hypothesis (empty, score 0). Frames at or
+    past `enc_len_b` leave the beam unchanged. The best hypothesis is the one with the highest
+    total log-prob (icefall instead picks by log-prob / length by default).
+
+    Sequences are compared by two independent 32-bit rolling hashes plus their length and last
+    label, so a false merge needs a simultaneous 64-bit collision among <= K candidates.
+    Tokens are recovered at the end from per-frame back-pointers, so per frame only O(B K)
+    integers are carried, not the sequences.
+
+    Args:
+      enc_btd: (B, T, D) encoder output.
+      enc_len_b: (B,) int valid frames per row.
+    Returns:
+      tokens_bn: (B, T) int32 best hypothesis, padded with -1.
+      num_tokens_b: (B,) int32.
+      score_b: (B,) float32 log-prob of the best hypothesis (summed over its merged alignments).
+    """
+    b, t_max, _ = enc_btd.shape
+    k = beam
+    rows = b * k
+    state0 = pred_init(rows)
+    pred0, state0 = pred_step(state0, jnp.full((rows,), blank_id, jnp.int32))
+    score0 = jnp.broadcast_to(jnp.where(jnp.arange(k) == 0, 0.0, -jnp.inf), (b, k))
+    zeros_u = jnp.zeros((b, k), jnp.uint32)
+    len0 = jnp.zeros((b, k), jnp.int32)
+    last0 = jnp.full((b, k), -1, jnp.int32)
+    base_r = jnp.repeat(jnp.arange(b) * k, k)  # first row of each utterance, per row
+    same_k = jnp.arange(k)
+
+    def frame(carry, xs):
+        state, pred, score_bk, h1_bk, h2_bk, len_bk, last_bk = carry
+        enc_bd, valid_b = xs
+        logits_rv = joint(jnp.repeat(enc_bd, k, axis=0), pred)
+        logp_bkv = jax.nn.log_softmax(logits_rv.astype(jnp.float32), axis=-1).reshape(b, k, -1)
+        vocab = logp_bkv.shape[-1]
+        cand_bc = (score_bk[:, :, None] + logp_bkv).reshape(b, k * vocab)
+        top_bk, idx_bk = lax.top_k(cand_bc, k)
+        src_bk = (idx_bk // vocab).astype(jnp.int32)
+        tok_bk = (idx_bk % vocab).astype(jnp.int32)
+        is_label = tok_bk != blank_id
+
+        def from_src(x_bk):
+            return jnp.take_along_axis(x_bk, src_bk, axis=1)
+
+        tok_u = (tok_bk + 1).astype(jnp.uint32)
+        h1 = jnp.where(is_label, from_src(h1_bk) * _HASH_MUL[0] + tok_u, from_src(h1_bk))
+        h2 = jnp.where(is_label, from_src(h2_bk) * _HASH_MUL[1] + tok_u, from_src(h2_bk))
+        n = from_src(len_bk) + is_label.astype(jnp.int32)
+        last = jnp.where(is_label, tok_bk, from_src(last_bk))
+
+        # Merge candidates with the same sequence into the first (best: top_k is sorted) one.
+        same_bkk = (
+            (h1[:, :, None] == h1[:, None, :])
+            & (h2[:, :, None] == h2[:, None, :])
+            & (n[:, :, None] == n[:, None, :])
+            & (last[:, :, None] == last[:, None, :])
+        )
+        first_bk = jnp.argmax(same_bkk, axis=-1)  # lowest index of each candidate's class
+        merged_bk = jax.nn.logsumexp(jnp.where(same_bkk, top_bk[:, None, :], -jnp.inf), axis=-1)
+        new_score = jnp.where(first_bk == same_k[None, :], merged_bk, -jnp.inf)
+
+        # Predictor: gather each candidate's source state, step all B*K rows, keep the step
+        # only where a label was appended.
+        src_r = base_r + src_bk.reshape(-1)
+        src_state = jax.tree.map(lambda x: x[src_r], state)
+        src_pred = jax.tree.map(lambda x: x[src_r], pred)
+        label_r = is_label.reshape(-1)
+        step_pred, step_state = pred_step(
+            src_state, jnp.where(label_r, tok_bk.reshape(-1), blank_id)
+        )
+        new_state = _select_rows(label_r, step_state, src_state)
+        new_pred = _select_rows(label_r, step_pred, src_pred)
+
+        # Rows past their length keep the whole beam; their back-pointer is the identity.
+        valid_r = jnp.repeat(valid_b, k)
+        vb = valid_b[:, None]
+        carry = (
+            _select_rows(valid_r, new_state, state),
+            _select_rows(valid_r, new_pred, pred),
+            jnp.where(vb, new_score, score_bk),
+            jnp.where(vb, h1, h1_bk),
+            jnp.where(vb, h2, h2_bk),
+            jnp.where(vb, n, len_bk),
+            jnp.where(vb, last, last_bk),
+        )
+        back_bk = jnp.where(vb, src_bk, same_k[None, :])
+        emit_bk = jnp.where(vb & is_label, tok_bk, -1)
+        return carry, (back_bk, emit_bk)
+
+    valid_tb = jnp.arange(t_max)[:, None] < jnp.asarray(enc_len_b)[None, :]
+    init = (state0, pred0, score0, zeros_u, zeros_u, len0, last0)
+    final, (back_tbk, emit_tbk) = lax.scan(frame, init, (jnp.swapaxes(enc_btd, 0, 1), valid_tb))
+    score_bk = final[2]
+    best_b = jnp.argmax(score_bk, axis=-1).astype(jnp.int32)
+
+    def trace(hyp_b, xs):
+        back_bk, emit_bk = xs
+        tok_b = jnp.take_along_axis(emit_bk, hyp_b[:, None], axis=1)[:, 0]
+        prev_b = jnp.take_along_axis(back_bk, hyp_b[:, None], axis=1)[:, 0]
+        return prev_b, tok_b
+
+    _, toks_tb = lax.scan(trace, best_b, (back_tbk, emit_tbk), reverse=True)
+    tokens_bn, num_b = _compact(toks_tb.T)
+    score_b = jnp.take_along_axis(score_bk, best_b[:, None], axis=1)[:, 0]
+    return tokens_bn, num_b, score_b
+
+
+def to_lists(
+    tokens_bn: jax.Array | np.ndarray, num_tokens_b: jax.Array | np.ndarray
+) -> list[list[int]]:
+    """Host helper: (B, N) padded tokens + (B,) counts -> one Python list of labels per row."""
+    tokens_bn = np.asarray(tokens_bn)
+    return [row[: int(n)].tolist() for row, n in zip(tokens_bn, np.asarray(num_tokens_b))]
