@@ -30,8 +30,9 @@ from jaxspeech.data import pipeline as pipeline_lib
 from jaxspeech.data import records
 from jaxspeech.data.tokenizer import Tokenizer
 from jaxspeech.decoding import ctc as ctc_decoding
+from jaxspeech.decoding import rnnt as rnnt_decoding
 from jaxspeech.metrics.wer import ErrorCounts
-from jaxspeech.models import build_model
+from jaxspeech.models import ENCODERS, build_model
 from jaxspeech.models.frontend import FeatureStats
 from jaxspeech.parallel import mesh as mesh_lib
 from jaxspeech.parallel import rules
@@ -39,6 +40,7 @@ from jaxspeech.parallel import rules
 ASSETS = "assets"
 TOKENIZER = "tokenizer"
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+DECODERS = ("ctc_greedy", "ctc_beam", "rnnt_greedy", "rnnt_beam")
 
 
 # ---------------------------------------------------------------- model from config
@@ -52,18 +54,24 @@ def make_model(config: ConfigDict, vocab_size: int, seed: int) -> nnx.Module:
     m = config.model
     if m.dtype not in DTYPES:
         raise ValueError(f"model.dtype must be one of {sorted(DTYPES)}, got {m.dtype!r}")
+    if m.encoder not in ENCODERS or m.encoder not in m:
+        raise ValueError(
+            f"model.encoder must be one of {sorted(ENCODERS)} with its settings under "
+            f"config.model.<encoder>, got {m.encoder!r}"
+        )
     specaug = None
     if config.specaug.enabled:
         specaug = {k: v for k, v in config.specaug.to_dict().items() if k != "enabled"}
-    kwargs = {k: v for k, v in m.to_dict().items() if k not in ("name", "dtype")}
     return build_model(
-        m.name,
+        encoder=m.encoder,
+        encoder_kwargs=m[m.encoder].to_dict(),
+        head=m.head,
+        transducer_kwargs=m.transducer.to_dict() if "rnnt" in m.head else None,
         vocab_size=vocab_size,
         feature_config=feature_config(config),
         specaug=specaug,
         dtype=DTYPES[m.dtype],
         rngs=nnx.Rngs(params=seed),
-        **kwargs,
     )
 
 
@@ -85,16 +93,61 @@ def abstract_model(config: ConfigDict, vocab_size: int, mesh) -> tuple:
     )
 
 
-def make_decode_fn(graphdef) -> Callable:
-    """forward(params, model_vars, audio, audio_len) -> (greedy ids (B, T'), lengths (B,))."""
+def decoding_method(config: ConfigDict) -> str:
+    """config.decoding.method, with "auto" resolved and checked against the model's head."""
+    method, heads = config.decoding.method, config.model.head.split("+")
+    if method == "auto":
+        return "rnnt_greedy" if "rnnt" in heads else "ctc_greedy"
+    if method not in DECODERS:
+        raise ValueError(f"decoding.method must be auto or one of {DECODERS}, got {method!r}")
+    if method.split("_")[0] not in heads:
+        raise ValueError(f"decoding.method {method!r} needs a model with that head, not {heads}")
+    return method
+
+
+def make_decode_fn(graphdef, config: ConfigDict, blank_id: int) -> Callable:
+    """decode(params, model_vars, audio, audio_len) -> device outputs for `hypotheses`."""
+    method, dec = decoding_method(config), config.decoding
 
     @jax.jit
     def decode(params, model_vars, audio_bs, audio_len_b):
         model = nnx.merge(graphdef, params, model_vars)
-        logits, lengths = model(audio_bs, audio_len_b, train=False)
-        return ctc_decoding.greedy_ids(logits), lengths
+        enc, lengths = model(audio_bs, audio_len_b, train=False)
+        if method == "ctc_greedy":
+            return {"ids": ctc_decoding.greedy_ids(model.ctc_logits(enc)), "lengths": lengths}
+        if method == "ctc_beam":
+            return {"logprobs": jax.nn.log_softmax(model.ctc_logits(enc)), "lengths": lengths}
+        tr = model.transducer
+        pred_init, pred_step, joint = tr.decoder_fns()
+        enc_proj = tr.joiner.enc_proj(enc)
+        if method == "rnnt_greedy":
+            tokens, num = rnnt_decoding.rnnt_greedy(
+                enc_proj,
+                lengths,
+                pred_init,
+                pred_step,
+                joint,
+                blank_id=blank_id,
+                max_symbols_per_frame=dec.max_symbols_per_frame,
+            )
+        else:
+            tokens, num, _ = rnnt_decoding.rnnt_modified_beam_search(
+                enc_proj, lengths, pred_init, pred_step, joint, beam=dec.beam, blank_id=blank_id
+            )
+        return {"tokens": tokens, "num_tokens": num}
 
     return decode
+
+
+def hypotheses(out: dict, config: ConfigDict, blank_id: int) -> list[list[int]]:
+    """Host-local decode outputs -> one label sequence per row."""
+    if "ids" in out:
+        return ctc_decoding.collapse(out["ids"], out["lengths"], blank_id=blank_id)
+    if "logprobs" in out:
+        return ctc_decoding.ctc_beam_search_batch(
+            out["logprobs"], out["lengths"], beam=config.decoding.beam, blank_id=blank_id
+        )
+    return rnnt_decoding.to_lists(out["tokens"], out["num_tokens"])
 
 
 # ---------------------------------------------------------------- scoring
@@ -128,7 +181,7 @@ def evaluate_split(
     tokenizer_dir: str,
     num_examples: int = 3,
 ) -> dict:
-    """Greedy-decode every utterance of `data_dir/split`; returns WER/CER and examples."""
+    """Decode every utterance of `data_dir/split` (config.decoding): WER/CER and examples."""
     t0 = time.time()
     index = records.read_split_index(data_dir, split)
     multiple_of = math.lcm(mesh_lib.num_batch_shards(mesh), jax.process_count())
@@ -148,10 +201,9 @@ def evaluate_split(
     counts, examples = ErrorCounts(), []
     for batch in pipe.dataset():
         arrays = mesh_lib.host_to_global(mesh, {k: batch[k] for k in ("audio", "audio_len")})
-        ids, lengths = decode_fn(params, model_vars, arrays["audio"], arrays["audio_len"])
-        ids = mesh_lib.to_host_local(mesh, ids)
-        lengths = mesh_lib.to_host_local(mesh, lengths)
-        hyps = ctc_decoding.collapse(ids, lengths, blank_id=tokenizer.blank_id)
+        out = decode_fn(params, model_vars, arrays["audio"], arrays["audio_len"])
+        out = {k: mesh_lib.to_host_local(mesh, v) for k, v in out.items()}
+        hyps = hypotheses(out, config, tokenizer.blank_id)
         for utt_id, ref, hyp_ids in zip(batch["id"], batch["text"], hyps):
             if not utt_id:  # a padding row
                 continue
@@ -173,6 +225,7 @@ def evaluate_split(
         )
     return {
         "split": split,
+        "decoding": decoding_method(config),
         "num_utts": counts.utterances,
         "wer": round(counts.wer, 5),
         "cer": round(counts.cer, 5),
@@ -183,9 +236,9 @@ def evaluate_split(
     }
 
 
-def write_result(workdir: str, result: dict, step: int) -> str:
-    """Write RUN/eval/<split>-step<N>.json (process 0) and return its path."""
-    path = os.path.join(workdir, "eval", f"{result['split']}-step{step}.json")
+def write_result(workdir: str, result: dict, step: int, tag: str = "") -> str:
+    """Write RUN/eval/<split>-step<N><tag>.json (process 0) and return its path."""
+    path = os.path.join(workdir, "eval", f"{result['split']}-step{step}{tag}.json")
     if jax.process_index() == 0:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w") as f:
@@ -206,10 +259,21 @@ def load_run_config(workdir: str) -> ConfigDict:
 
 
 def evaluate_workdir(
-    workdir: str, data_dir: str | None, split: str | None, step: int | None
+    workdir: str,
+    data_dir: str | None,
+    split: str | None,
+    step: int | None,
+    method: str | None = None,
+    beam: int | None = None,
 ) -> dict:
-    """Restore RUN's checkpoint (latest unless `step`) and score a split."""
+    """Restore RUN's checkpoint (latest unless `step`) and score a split; `method` and
+    `beam` override the run's config.decoding."""
     config = load_run_config(workdir)
+    if method:
+        config.decoding.method = method
+    if beam:
+        config.decoding.beam = beam
+    decoding_method(config)  # a method the model cannot run is an error before any work
     data_dir = data_dir or config.data.dir
     split = split or config.data.eval_split
     tokenizer_dir = os.path.join(workdir, ASSETS, TOKENIZER)
@@ -225,7 +289,7 @@ def evaluate_workdir(
     ckpt.close()
     result = evaluate_split(
         config=config,
-        decode_fn=make_decode_fn(graphdef),
+        decode_fn=make_decode_fn(graphdef, config, tokenizer.blank_id),
         params=model_state["params"],
         model_vars=model_state["model_vars"],
         mesh=mesh,
@@ -234,7 +298,9 @@ def evaluate_workdir(
         tokenizer_dir=tokenizer_dir,
     )
     result["step"] = step
-    write_result(workdir, result, step)
+    # Runs decoded another way than the run's own config keep their own file.
+    tag = f"-{decoding_method(config)}-beam{config.decoding.beam}" if method or beam else ""
+    write_result(workdir, result, step, tag)
     return result
 
 
@@ -244,7 +310,9 @@ FLAGS = flags.FLAGS
 def main(argv: list[str]) -> None:
     del argv
     try:
-        result = evaluate_workdir(FLAGS.workdir, FLAGS.data, FLAGS.split, FLAGS.step)
+        result = evaluate_workdir(
+            FLAGS.workdir, FLAGS.data, FLAGS.split, FLAGS.step, FLAGS.method, FLAGS.beam
+        )
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
@@ -258,5 +326,9 @@ if __name__ == "__main__":
     flags.DEFINE_string("data", None, "Prepared data directory (default: the run's data.dir).")
     flags.DEFINE_string("split", None, "Split to score (default: the run's data.eval_split).")
     flags.DEFINE_integer("step", None, "Checkpoint step (default: latest).")
+    flags.DEFINE_enum(
+        "method", None, list(DECODERS), "Decoder (default: the run's config.decoding.method)."
+    )
+    flags.DEFINE_integer("beam", None, "Beam size of ctc_beam / rnnt_beam (default: the run's).")
     logging.set_verbosity(logging.WARNING)  # keep Orbax's per-restore INFO lines off the console
     app.run(main)

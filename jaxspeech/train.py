@@ -31,6 +31,7 @@ from jaxspeech.audio import augment
 from jaxspeech.audio.features import stats_to_mean_std
 from jaxspeech.data import pipeline as pipeline_lib
 from jaxspeech.data.tokenizer import Tokenizer
+from jaxspeech.losses import rnnt
 from jaxspeech.losses.ctc import ctc_loss
 from jaxspeech.metrics.writers import MetricWriter
 from jaxspeech.parallel import mesh as mesh_lib
@@ -148,36 +149,105 @@ def _wait_for(path: str, timeout_s: float = 300.0) -> None:
 
 
 # ---------------------------------------------------------------- the step
+def rnnt_loss_scales(loss_cfg: ConfigDict, step: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(simple, pruned) loss weights at `step`: icefall's warm-up from (1, 0.1) to
+    (simple_scale, 1) over rnnt_warmup_steps; the pruning bounds only mean something
+    once the simple joiner has learned an alignment."""
+    frac = jnp.clip(step / max(loss_cfg.rnnt_warmup_steps, 1), 0.0, 1.0)
+    return 1.0 - frac * (1.0 - loss_cfg.simple_scale), 0.1 + 0.9 * frac
+
+
+def model_losses(
+    model: nnx.Module,
+    batch: dict,
+    key: jax.Array,
+    step: jax.Array,
+    loss_cfg: ConfigDict,
+    blank_id: int,
+) -> tuple[jax.Array, dict]:
+    """Per-token training loss of the model's head(s) and its auxiliary metrics.
+
+    Utterances whose loss is infeasible (CTC: more labels than frames allow) or not
+    finite get weight 0 and are counted, never averaged in.
+    """
+    enc, enc_len = model(batch["audio"], batch["audio_len"], train=True, rngs=nnx.Rngs(key))
+    labels, label_len = batch["labels"], batch["label_len"]
+    weight = batch["weight"]
+    parts, valid = {}, jnp.ones_like(weight, bool)
+    if model.ctc is not None:
+        ctc_b, ctc_ok = ctc_loss(
+            model.ctc_logits(enc), enc_len, labels, label_len, blank_id=blank_id
+        )
+        parts["ctc"], valid = ctc_b, valid & ctc_ok
+    if model.transducer is not None:
+        tr = model.transducer
+        enc_proj = tr.joiner.enc_proj(enc)
+        pred = tr.predictor(labels)
+        pred_proj = tr.joiner.pred_proj(pred)
+        if loss_cfg.rnnt == "full":
+            rnnt_b, rnnt_ok = rnnt.rnnt_loss(
+                tr.joiner.joint,
+                enc_proj,
+                enc_len,
+                pred_proj,
+                labels,
+                label_len,
+                blank_id=blank_id,
+                frames_per_chunk=loss_cfg.frames_per_chunk,
+            )
+            parts["rnnt"], valid = rnnt_b, valid & rnnt_ok
+        else:
+            simple_b, pruned_b, rnnt_ok = rnnt.rnnt_pruned_loss(
+                tr.joiner.joint,
+                enc_proj,
+                enc_len,
+                pred_proj,
+                lambda x: tr.simple_am(x).astype(jnp.float32),  # run a chunk of frames at a time
+                enc,
+                tr.simple_lm(pred).astype(jnp.float32),
+                labels,
+                label_len,
+                prune_range=loss_cfg.prune_range,
+                blank_id=blank_id,
+                frames_per_chunk=loss_cfg.frames_per_chunk,
+            )
+            simple_w, pruned_w = rnnt_loss_scales(loss_cfg, step)
+            parts["rnnt_simple"], parts["rnnt_pruned"] = simple_b, pruned_b
+            parts["rnnt"] = simple_w * simple_b + pruned_w * pruned_b
+            valid = valid & rnnt_ok
+    if "ctc" in parts and "rnnt" in parts:
+        total_b = parts["rnnt"] + loss_cfg.ctc_weight * parts["ctc"]
+    else:
+        total_b = parts.get("rnnt", parts.get("ctc"))
+    w = weight * valid
+    tokens = jnp.sum(w * label_len)
+    # Per-token loss: buckets of different batch sizes get the same gradient scale.
+    loss = jnp.sum(w * total_b) / jnp.maximum(tokens, 1.0)
+    aux = {
+        "utt_loss": jnp.sum(w * total_b) / jnp.maximum(jnp.sum(w), 1.0),
+        "utterances": jnp.sum(w),
+        "tokens": tokens,
+        "skipped_infeasible": jnp.sum(weight * (1.0 - valid)),
+        "skipped_label_overflow": jnp.sum(batch["label_overflow"]).astype(jnp.float32),
+    }
+    for name, part in parts.items():
+        aux[f"loss_{name}"] = jnp.sum(w * part) / jnp.maximum(tokens, 1.0)
+    return loss, aux
+
+
 def make_train_step(
-    graphdef, tx: optax.GradientTransformation, seed: int, blank_id: int
+    graphdef, tx: optax.GradientTransformation, seed: int, blank_id: int, loss_cfg: ConfigDict
 ) -> Callable:
     """(params, model_vars, opt_state, batch, step) -> (params, opt_state, metrics)."""
 
-    def loss_fn(params, model_vars, batch, key):
+    def loss_fn(params, model_vars, batch, key, step):
         model = nnx.merge(graphdef, params, model_vars)
-        logits, logit_len = model(
-            batch["audio"], batch["audio_len"], train=True, rngs=nnx.Rngs(key)
-        )
-        loss_b, valid_b = ctc_loss(
-            logits, logit_len, batch["labels"], batch["label_len"], blank_id=blank_id
-        )
-        w = batch["weight"] * valid_b
-        tokens = jnp.sum(w * batch["label_len"])
-        # Per-token loss: buckets of different batch sizes get the same gradient scale.
-        loss = jnp.sum(w * loss_b) / jnp.maximum(tokens, 1.0)
-        aux = {
-            "utt_loss": jnp.sum(w * loss_b) / jnp.maximum(jnp.sum(w), 1.0),
-            "utterances": jnp.sum(w),
-            "tokens": tokens,
-            "skipped_infeasible": jnp.sum(batch["weight"] * (1.0 - valid_b)),
-            "skipped_label_overflow": jnp.sum(batch["label_overflow"]).astype(jnp.float32),
-        }
-        return loss, aux
+        return model_losses(model, batch, key, step, loss_cfg, blank_id)
 
     def train_step(params, model_vars, opt_state, batch, step):
         key = jax.random.fold_in(jax.random.key(seed + 1), step)
         (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-            params, model_vars, batch, key
+            params, model_vars, batch, key, step
         )
         updates, opt_state = tx.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
@@ -263,9 +333,15 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
     train_iter = train_pipe.iterator()
 
     # ---------------------------------------------------------- model & optimizer
-    graphdef, abs_params, abs_vars, p_shard, v_shard = eval_lib.abstract_model(
-        config, tokenizer.vocab_size, mesh
-    )
+    try:
+        if config.loss.rnnt not in ("pruned", "full"):
+            raise ValueError(f"loss.rnnt must be 'pruned' or 'full', got {config.loss.rnnt!r}")
+        eval_lib.decoding_method(config)
+        graphdef, abs_params, abs_vars, p_shard, v_shard = eval_lib.abstract_model(
+            config, tokenizer.vocab_size, mesh
+        )
+    except ValueError as e:  # A bad model, loss or decoding setting.
+        raise UserError(f"config: {e}") from e
 
     def init_params():
         model = eval_lib.make_model(config, tokenizer.vocab_size, config.seed)
@@ -273,7 +349,10 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
 
     params = jax.jit(init_params, out_shardings=p_shard)()
     model_vars = jax.device_put({"frontend": {"mean": mean, "std": std}}, v_shard)
-    log(f"model: {config.model.name}, " + rules.describe_shardings(abs_params, p_shard, mesh))
+    log(
+        f"model: {config.model.encoder} encoder, {config.model.head} head; "
+        + rules.describe_shardings(abs_params, p_shard, mesh)
+    )
     num_steps = int(config.train.num_steps)
     tx, schedule = optim.make_optimizer(config.optim, num_steps)
     opt_state, o_shard = init_opt_state(tx, params, mesh)
@@ -310,12 +389,12 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
         )
     }
     train_step = jax.jit(
-        make_train_step(graphdef, tx, config.seed, tokenizer.blank_id),
+        make_train_step(graphdef, tx, config.seed, tokenizer.blank_id, config.loss),
         in_shardings=(p_shard, v_shard, o_shard, batch_shard, None),
         out_shardings=(p_shard, o_shard, None),
         donate_argnums=(0, 2),
     )
-    decode_fn = eval_lib.make_decode_fn(graphdef)
+    decode_fn = eval_lib.make_decode_fn(graphdef, config, tokenizer.blank_id)
     writer = MetricWriter(os.path.join(workdir, "tensorboard"))
 
     def run_eval(step: int) -> dict:
@@ -377,9 +456,11 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
             audio_per_s = sums["audio_seconds"] * jax.process_count() / dt
             rate = steps_window / dt
             eta = (num_steps - done) / max(rate, 1e-9)
+            parts = {k[5:]: v for k, v in m.items() if k.startswith("loss_")}
             writer.scalars(
                 done,
-                {
+                {f"train/loss_{k}": v for k, v in parts.items()}
+                | {
                     "train/loss": m["loss"],
                     "train/utt_loss": m["utt_loss"],
                     "train/grad_norm": m["grad_norm"],
@@ -391,7 +472,9 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
                 },
             )
             log(
-                f"step {done}/{num_steps} | loss {m['loss']:.3f} (utt {m['utt_loss']:.1f}) | "
+                f"step {done}/{num_steps} | loss {m['loss']:.3f} (utt {m['utt_loss']:.1f}"
+                + "".join(f", {k} {v:.3f}" for k, v in parts.items() if len(parts) > 1)
+                + ") | "
                 f"grad {m['grad_norm']:.2f} | lr {float(schedule(step)):.2e} | "
                 f"{rate:.2f} steps/s | "
                 f"{audio_per_s:.0f} audio s/s | ETA {eta / 60:.1f} min"

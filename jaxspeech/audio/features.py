@@ -92,7 +92,7 @@ def _frames_of_blocks(blocks_bng: jax.Array, t: int, hop_blocks: int, win_blocks
     )
 
 
-def _log_mel_of_frames(frames_btw: jax.Array, cfg: LogMelConfig) -> jax.Array:
+def log_mel_of_frames(frames_btw: jax.Array, cfg: LogMelConfig) -> jax.Array:
     """(B, T, win_length) frames under the window's support -> (B, T, F) log-mel.
 
     librosa centres the window in an n_fft frame; the FFT of the windowed support
@@ -120,12 +120,12 @@ def _log_mel_chunked(audio_bs: jax.Array, cfg: LogMelConfig, chunk: int) -> jax.
     audio_bs = audio_bs[:, : s + min(right, 0)]
     blocks = jnp.pad(audio_bs, ((0, 0), (left, max(right, 0)))).reshape(b, total // g, g)
     if n_chunks == 1:
-        return _log_mel_of_frames(_frames_of_blocks(blocks, t, hop_b, win_b), cfg)
+        return log_mel_of_frames(_frames_of_blocks(blocks, t, hop_b, win_b), cfg)
     span = hop_b * (chunk - 1) + win_b
 
     def one_chunk(i: jax.Array) -> jax.Array:
         blk = jax.lax.dynamic_slice_in_dim(blocks, i * chunk * hop_b, span, axis=1)
-        return _log_mel_of_frames(_frames_of_blocks(blk, chunk, hop_b, win_b), cfg)
+        return log_mel_of_frames(_frames_of_blocks(blk, chunk, hop_b, win_b), cfg)
 
     out_nbcf = jax.lax.map(one_chunk, jnp.arange(n_chunks))
     return jnp.moveaxis(out_nbcf, 0, 1).reshape(b, n_chunks * chunk, -1)[:, :t]
@@ -148,7 +148,7 @@ def log_mel(audio_bs: jax.Array, cfg: LogMelConfig = LogMelConfig()) -> jax.Arra
         # gather the frames (n_fft wide) and keep their window's support.
         lpad = (cfg.n_fft - cfg.win_length) // 2
         frames = frame_signal(audio_bs, cfg.n_fft, cfg.hop_length)
-        return _log_mel_of_frames(frames[..., lpad : lpad + cfg.win_length], cfg)
+        return log_mel_of_frames(frames[..., lpad : lpad + cfg.win_length], cfg)
     t = 1 + s // cfg.hop_length
     cpu_chunk = min(t, max(1, _CPU_FRAMES_PER_CHUNK // max(b, 1)))
     return jax.lax.platform_dependent(

@@ -1,4 +1,8 @@
-"""Model registry: `build_model(name, **kwargs)`; models take explicit keyword arguments."""
+"""Model registry: `build_model(encoder=NAME, encoder_kwargs=..., head=..., ...)`.
+
+Encoders are registered by name; every model is an `ASRModel` (front end, encoder,
+CTC and/or transducer heads). Models take explicit keyword arguments, never a config.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +10,18 @@ from collections.abc import Callable
 
 from flax import nnx
 
-from jaxspeech.models.ctc import ConformerCTC
+from jaxspeech.models.asr import ASRModel
+from jaxspeech.models.conformer import ConformerEncoder
+from jaxspeech.models.lstm import LSTMEncoder
 
-MODELS: dict[str, Callable[..., nnx.Module]] = {
-    "conformer_ctc": ConformerCTC,
+ENCODERS: dict[str, Callable[..., nnx.Module]] = {
+    "conformer": ConformerEncoder,
+    "lstm": LSTMEncoder,
 }
 
 
-def build_model(name: str, **kwargs) -> nnx.Module:
-    """Instantiate a registered model; unknown names list the known ones."""
-    if name not in MODELS:
-        raise ValueError(f"unknown model {name!r}; known models: {sorted(MODELS)}")
-    return MODELS[name](**kwargs)
+def build_model(*, encoder: str, encoder_kwargs: dict, **kwargs) -> ASRModel:
+    """An `ASRModel` with the named encoder; unknown names list the known ones."""
+    if encoder not in ENCODERS:
+        raise ValueError(f"unknown encoder {encoder!r}; known encoders: {sorted(ENCODERS)}")
+    return ASRModel(encoder=ENCODERS[encoder], encoder_kwargs=encoder_kwargs, **kwargs)

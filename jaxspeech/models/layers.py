@@ -1,8 +1,10 @@
 """Conformer building blocks (Gulati et al., 2020) in Flax NNX.
 
 Every parameter carries logical axis names (see `jaxspeech.parallel.rules`);
-no layer names a mesh axis. Shapes: B batch, T frames, D model dim, H heads,
-K head dim, M feed-forward dim.
+no layer names a mesh axis. The attention and convolution modules also run one
+chunk at a time against carried caches (`stream`), for streaming inference.
+Shapes: B batch, T frames, D model dim, H heads, K head dim, M feed-forward dim,
+C chunk frames, L cached frames.
 """
 
 from __future__ import annotations
@@ -102,24 +104,31 @@ class FeedForward(nnx.Module):
         return self.dropout(self.down(h), deterministic=deterministic, rngs=rngs)
 
 
-def relative_sinusoids(length: int, dim: int) -> jax.Array:
-    """(2T - 1, D) sinusoidal embeddings of relative distances T-1, T-2, ..., -(T-1)."""
-    pos = jnp.arange(length - 1, -length, -1, dtype=jnp.float32)[:, None]
+def distance_sinusoids(dist_r: jax.Array, dim: int) -> jax.Array:
+    """(R,) relative distances -> (R, D) interleaved sin/cos embeddings (Transformer-XL)."""
+    pos = dist_r.astype(jnp.float32)[:, None]
     inv = jnp.exp(jnp.arange(0, dim, 2, dtype=jnp.float32) * (-math.log(10000.0) / dim))
     ang = pos * inv[None, :]
-    return jnp.stack([jnp.sin(ang), jnp.cos(ang)], axis=-1).reshape(2 * length - 1, dim)
+    return jnp.stack([jnp.sin(ang), jnp.cos(ang)], axis=-1).reshape(dist_r.shape[0], dim)
+
+
+def relative_sinusoids(length: int, dim: int) -> jax.Array:
+    """(2T - 1, D) sinusoidal embeddings of relative distances T-1, T-2, ..., -(T-1)."""
+    return distance_sinusoids(jnp.arange(length - 1, -length, -1, dtype=jnp.float32), dim)
 
 
 def rel_shift(scores_bhtr: jax.Array) -> jax.Array:
-    """(B, H, T, 2T-1) scores over relative distances -> (B, H, T, T) over key positions.
+    """(B, H, Tq, Tq+Tk-1) scores over relative distances -> (B, H, Tq, Tk) over key positions.
 
-    out[..., i, j] = in[..., i, T - 1 - i + j], i.e. the score of distance i - j,
-    done with a pad and two reshapes (Transformer-XL) instead of a gather.
+    Column r of the input holds distance Tk - 1 - r (largest first), and query i sits at
+    key position Tk - Tq + i (self-attention: Tk = Tq; a streamed chunk after L cached
+    frames: Tk = L + Tq). out[..., i, j] = in[..., i, Tq - 1 - i + j], the score of distance
+    Tk - Tq + i - j, done with a pad and two reshapes (Transformer-XL) instead of a gather.
     """
     b, h, t, r = scores_bhtr.shape
-    padded = jnp.pad(scores_bhtr, ((0, 0), (0, 0), (0, 0), (1, 0)))  # (B, H, T, 2T)
+    padded = jnp.pad(scores_bhtr, ((0, 0), (0, 0), (0, 0), (1, 0)))  # (B, H, Tq, R + 1)
     shifted = padded.reshape(b, h, r + 1, t)[:, :, 1:].reshape(b, h, t, r)
-    return shifted[..., :t]
+    return shifted[..., : r - t + 1]
 
 
 class RelPositionAttention(nnx.Module):
@@ -154,21 +163,69 @@ class RelPositionAttention(nnx.Module):
     def __call__(
         self, x_btd: jax.Array, mask_bt: jax.Array, *, deterministic: bool, rngs: nnx.Rngs | None
     ) -> jax.Array:
+        """(B, T, D) -> (B, T, D). mask_bt: (B, T) valid keys, or (B, T, T) query x key
+        (e.g. a chunked-attention mask already combined with the valid keys)."""
+        q, k, v = self._project(x_btd)
+        return self._attend(q, k, v, mask_bt, deterministic=deterministic, rngs=rngs)
+
+    def stream(
+        self,
+        x_bcd: jax.Array,
+        valid_bc: jax.Array,
+        key_blhk: jax.Array,
+        value_blhk: jax.Array,
+        cache_valid_bl: jax.Array,
+    ) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """One chunk of C queries against the cached L keys/values before it plus its own.
+
+        The cache holds the projected keys and values of the L frames just before the
+        chunk (slots with cache_valid False, e.g. before the stream start, are masked), so
+        the relative distances are fixed: query i (0..C-1) to key j (0..L+C-1) is
+        i + L - j. Returns (B, C, D) and the cache shifted by C frames (the newest L).
+        """
+        q, k, v = self._project(x_bcd)
+        k_all = jnp.concatenate([key_blhk, k], axis=1)
+        v_all = jnp.concatenate([value_blhk, v], axis=1)
+        keys_ok = jnp.concatenate([cache_valid_bl, valid_bc], axis=1)  # (B, L + C)
+        out = self._attend(q, k_all, v_all, keys_ok, deterministic=True, rngs=None)
+        cache = key_blhk.shape[1]
+        return out, k_all[:, k_all.shape[1] - cache :], v_all[:, v_all.shape[1] - cache :]
+
+    def _project(self, x_btd: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """LN, then (B, T, H, K) queries, keys and values."""
         dt = self.dtype
-        t = x_btd.shape[1]
         x = self.norm(x_btd)
         q = jnp.einsum("btd,dhk->bthk", x, self.wq[...].astype(dt))
         k = jnp.einsum("btd,dhk->bthk", x, self.wk[...].astype(dt))
         v = jnp.einsum("btd,dhk->bthk", x, self.wv[...].astype(dt))
         q, k, v = (constrain(a, ("batch", "time", "heads", "kv")) for a in (q, k, v))
+        return q, k, v
+
+    def _attend(
+        self,
+        q: jax.Array,
+        k: jax.Array,
+        v: jax.Array,
+        mask: jax.Array,
+        *,
+        deterministic: bool,
+        rngs: nnx.Rngs | None,
+    ) -> jax.Array:
+        """(B, Tq, H, K) queries, (B, Tk, H, K) keys/values, the last Tq keys at the queries'
+        own positions; mask (B, Tk) or (B, Tq, Tk) -> (B, Tq, D)."""
+        dt = self.dtype
+        tq, tk = q.shape[1], k.shape[1]
+        # Distances Tk-1 .. -(Tq-1): for Tq = Tk this is relative_sinusoids(T).
+        dist = jnp.arange(tk - 1, -tq, -1, dtype=jnp.float32)
         p = jnp.einsum(
-            "rd,dhk->rhk", relative_sinusoids(t, self.dim).astype(dt), self.wpos[...].astype(dt)
+            "rd,dhk->rhk", distance_sinusoids(dist, self.dim).astype(dt), self.wpos[...].astype(dt)
         )
         scale = 1.0 / math.sqrt(q.shape[-1])
         ac = jnp.einsum("bthk,bshk->bhts", q + self.pos_bias_u[...].astype(dt), k)
         bd = rel_shift(jnp.einsum("bthk,rhk->bhtr", q + self.pos_bias_v[...].astype(dt), p))
         scores = (ac.astype(jnp.float32) + bd.astype(jnp.float32)) * scale
-        scores = jnp.where(mask_bt[:, None, None, :], scores, -1e9)
+        mask = mask[:, None, None, :] if mask.ndim == 2 else mask[:, None]
+        scores = jnp.where(mask, scores, -1e9)
         probs = jax.nn.softmax(scores, axis=-1).astype(dt)
         probs = self.dropout(probs, deterministic=deterministic, rngs=rngs)
         ctx = jnp.einsum("bhts,bshk->bthk", probs, v)
@@ -177,9 +234,13 @@ class RelPositionAttention(nnx.Module):
 
 
 def depthwise_conv1d(
-    x_btc: jax.Array, w_kc: jax.Array, b_c: jax.Array, *, block: int = 32
+    x_btc: jax.Array, w_kc: jax.Array, b_c: jax.Array, *, block: int = 32, causal: bool = False
 ) -> jax.Array:
     """'Same' depthwise 1-D convolution, (B, T, C) x (K, C) -> (B, T, C), as blocked band matmuls.
+
+    out[t] = b + sum_s w[s] * x[t + s - pad] with zeros outside [0, T); pad = (K - 1) // 2
+    (centred), or K - 1 when `causal` (out[t] sees x[t - K + 1 .. t] only, so a stream can
+    emit it as soon as frame t arrives).
 
     Time is cut into blocks of L frames; block n's output needs its L input frames
     plus the next K - 1 (the halo), so each block is one small matmul with a
@@ -193,7 +254,7 @@ def depthwise_conv1d(
     """
     b, t, c = x_btc.shape
     ksize = w_kc.shape[0]
-    pad = (ksize - 1) // 2
+    pad = ksize - 1 if causal else (ksize - 1) // 2
     # L >= K - 1 so one following block always holds the whole halo.
     length = max(min(block, t), ksize - 1)
     n = -(-t // length)
@@ -214,10 +275,20 @@ class ConvModule(nnx.Module):
 
     LayerNorm replaces the paper's BatchNorm: no running statistics, no
     cross-device reductions, and padding cannot leak into the statistics.
+    `causal=True` makes the depthwise convolution look only at past frames (streaming).
     """
 
-    def __init__(self, dim: int, kernel_size: int, dropout: float, *, dtype: Dtype, rngs: nnx.Rngs):
-        if kernel_size % 2 == 0:
+    def __init__(
+        self,
+        dim: int,
+        kernel_size: int,
+        dropout: float,
+        *,
+        causal: bool = False,
+        dtype: Dtype,
+        rngs: nnx.Rngs,
+    ):
+        if kernel_size % 2 == 0 and not causal:
             raise ValueError(f"conv kernel size must be odd, got {kernel_size}")
         self.norm = LayerNorm(dim, dtype=dtype, rngs=rngs)
         self.pw1 = Dense(dim, 2 * dim, ("embed", "mlp"), dtype=dtype, rngs=rngs)
@@ -230,17 +301,46 @@ class ConvModule(nnx.Module):
         self.dw_norm = LayerNorm(dim, dtype=dtype, rngs=rngs)
         self.pw2 = Dense(dim, dim, ("mlp", "embed"), dtype=dtype, rngs=rngs)
         self.dropout = nnx.Dropout(dropout)
+        self.causal = causal
         self.dtype = dtype
 
     def __call__(
         self, x_btd: jax.Array, mask_bt: jax.Array, *, deterministic: bool, rngs: nnx.Rngs | None
     ) -> jax.Array:
+        h = self._gated(x_btd, mask_bt)
+        h = depthwise_conv1d(
+            h,
+            self.dw_kernel[...].astype(self.dtype),
+            self.dw_bias[...].astype(self.dtype),
+            causal=self.causal,
+        )
+        return self._output(h, deterministic=deterministic, rngs=rngs)
+
+    def stream(
+        self, x_bcd: jax.Array, valid_bc: jax.Array, cache_bkd: jax.Array
+    ) -> tuple[jax.Array, jax.Array]:
+        """One chunk of a causal convolution: (B, C, D) and the (B, K-1, D) gated inputs of
+        the frames before it (zeros at the stream start, as the full computation's left
+        padding) -> (B, C, D) and the new cache (the last K - 1 gated frames)."""
+        if not self.causal:
+            raise ValueError("streaming needs the causal convolution (causal=True)")
+        h = jnp.concatenate([cache_bkd, self._gated(x_bcd, valid_bc)], axis=1)
+        out = depthwise_conv1d(
+            h,
+            self.dw_kernel[...].astype(self.dtype),
+            self.dw_bias[...].astype(self.dtype),
+            causal=True,
+        )
+        context = cache_bkd.shape[1]
+        new_cache = h[:, h.shape[1] - context :]
+        return self._output(out[:, context:], deterministic=True, rngs=None), new_cache
+
+    def _gated(self, x_btd: jax.Array, mask_bt: jax.Array) -> jax.Array:
         h = self.pw1(self.norm(x_btd))
         h = jax.nn.glu(h, axis=-1)
         # Zero the padding so the convolution cannot carry it into valid frames.
-        h = jnp.where(mask_bt[..., None], h, 0.0)
-        h = depthwise_conv1d(
-            h, self.dw_kernel[...].astype(self.dtype), self.dw_bias[...].astype(self.dtype)
-        )
+        return jnp.where(mask_bt[..., None], h, 0.0)
+
+    def _output(self, h: jax.Array, *, deterministic: bool, rngs: nnx.Rngs | None) -> jax.Array:
         h = jax.nn.silu(self.dw_norm(h))
         return self.dropout(self.pw2(h), deterministic=deterministic, rngs=rngs)

@@ -121,6 +121,34 @@ def test_train_resume_matches_uninterrupted_and_evaluates(corpus):
     assert any(
         name.startswith("events.out.tfevents") for name in os.listdir(resumed / "tensorboard")
     )
+    # A decoder the model has no head for is one clear error, before any work.
+    bad = run("jaxspeech.evaluate", "--workdir", str(resumed), "--method", "rnnt_beam", check=False)
+    assert bad.returncode == 2 and "needs a model with that head" in bad.stderr
+
+
+def test_transducer_head_trains_and_decodes_every_way(corpus):
+    """A CTC+RNN-T model trains with the pruned loss, and every decoder scores the split."""
+    root, shards = corpus
+    workdir = root / "transducer"
+    out = train(workdir, shards, "--config.model.head=ctc+rnnt").stdout
+    assert "ctc+rnnt head" in out and "rnnt_pruned" in out and "eval step 8: dev" in out
+    assert json.load(open(workdir / "eval" / "dev-step8.json"))["decoding"] == "rnnt_greedy"
+    num_test = json.load(open(shards / "test" / "index.json"))["num_records"]
+    for method in ("rnnt_beam", "ctc_beam", "ctc_greedy"):
+        ev = run(
+            "jaxspeech.evaluate",
+            "--workdir",
+            str(workdir),
+            "--split",
+            "test",
+            "--method",
+            method,
+            "--beam",
+            "2",
+        )
+        result = json.loads(ev.stdout.strip().splitlines()[-1])
+        assert result["decoding"] == method and result["num_utts"] == num_test
+        assert (workdir / "eval" / f"test-step8-{method}-beam2.json").exists()
 
 
 def test_user_mistakes_give_one_clear_error(corpus, tmp_path):
@@ -162,5 +190,16 @@ def test_user_mistakes_give_one_clear_error(corpus, tmp_path):
         check=False,
     )
     assert mesh.returncode == 2 and "mesh" in mesh.stderr and "Traceback" not in mesh.stderr
+    head = run(
+        "jaxspeech.train",
+        "--config",
+        "configs/demo.py:tiny",
+        "--workdir",
+        str(tmp_path / "e"),
+        f"--config.data.dir={shards}",
+        "--config.model.head=attention",
+        check=False,
+    )
+    assert head.returncode == 2 and "unknown head" in head.stderr and "Traceback" not in head.stderr
     no_run = run("jaxspeech.evaluate", "--workdir", str(tmp_path / "d"), check=False)
     assert no_run.returncode == 2 and "not a jaxspeech run directory" in no_run.stderr

@@ -21,6 +21,19 @@ def test_rel_shift_equals_explicit_gather():
     np.testing.assert_array_equal(got, want)
 
 
+def test_rel_shift_of_a_chunk_against_cached_keys_equals_explicit_gather():
+    """Tq queries (the last Tq of Tk keys): column r holds distance Tk - 1 - r."""
+    b, h, tq, tk = 2, 3, 3, 7
+    x = np.random.default_rng(1).standard_normal((b, h, tq, tq + tk - 1)).astype(np.float32)
+    got = np.asarray(rel_shift(jnp.asarray(x)))
+    want = np.empty((b, h, tq, tk), np.float32)
+    for i in range(tq):
+        for j in range(tk):
+            distance = (tk - tq + i) - j  # query i sits at key position tk - tq + i
+            want[:, :, i, j] = x[:, :, i, tk - 1 - distance]
+    np.testing.assert_array_equal(got, want)
+
+
 def test_patch_conv_equals_lax_conv():
     rng = np.random.default_rng(1)
     x = rng.standard_normal((2, 17, 12, 3)).astype(np.float32)
@@ -69,19 +82,36 @@ def test_depthwise_conv_equals_grouped_lax_conv(t, k, block):
         np.testing.assert_allclose(np.asarray(g), np.asarray(r), atol=1e-4)
 
 
-def _tiny_model(**kw):
-    return build_model(
-        "conformer_ctc",
-        vocab_size=7,
-        feature_config=LogMelConfig(num_mel_bins=20),
-        dim=16,
-        num_layers=2,
-        num_heads=2,
-        conv_kernel=5,
-        subsampling_channels=4,
-        dropout=0.0,
-        rngs=nnx.Rngs(0),
-        **kw,
+class _CTCLogits:
+    """The tiny model's CTC logits as one call: (audio, lengths) -> (logits, frames)."""
+
+    def __init__(self, model):
+        self.model = model
+        self.encoder = model.encoder
+
+    def __call__(self, audio, lengths, **kw):
+        enc, frames = self.model(audio, lengths, **kw)
+        return self.model.ctc_logits(enc), frames
+
+
+def _tiny_model(specaug=None, **kw):
+    return _CTCLogits(
+        build_model(
+            encoder="conformer",
+            encoder_kwargs=dict(
+                dim=16,
+                num_layers=2,
+                num_heads=2,
+                conv_kernel=5,
+                subsampling_channels=4,
+                dropout=0.0,
+                **kw,
+            ),
+            vocab_size=7,
+            feature_config=LogMelConfig(num_mel_bins=20),
+            specaug=specaug,
+            rngs=nnx.Rngs(0),
+        )
     )
 
 
@@ -115,20 +145,20 @@ def test_model_output_shapes_and_train_mode_randomness():
 
 def test_scanned_layers_equal_unrolled_layers():
     unrolled, scanned = _tiny_model(), _tiny_model(scan_layers=True)
-    p_unrolled = nnx.to_pure_dict(nnx.state(unrolled, nnx.Param))
+    p_unrolled = nnx.to_pure_dict(nnx.state(unrolled.model, nnx.Param))
     blocks = p_unrolled["encoder"]["blocks"]
     stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *[blocks[i] for i in sorted(blocks)])
     p_scanned = {**p_unrolled, "encoder": {**p_unrolled["encoder"], "blocks": stacked}}
-    state = nnx.state(scanned, nnx.Param)
+    state = nnx.state(scanned.model, nnx.Param)
     nnx.replace_by_pure_dict(state, p_scanned)
-    nnx.update(scanned, state)
+    nnx.update(scanned.model, state)
     audio = jnp.asarray(np.random.default_rng(5).standard_normal((2, 12000)), jnp.float32)
     lens = jnp.array([12000, 7000])
     a, _ = unrolled(audio, lens)
     b, _ = scanned(audio, lens)
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
     # Parameters of the stacked layers carry an unsharded leading layer axis.
-    kernel = nnx.state(scanned, nnx.Param)["encoder"]["blocks"]["ff1"]["up"]["kernel"]
+    kernel = nnx.state(scanned.model, nnx.Param)["encoder"]["blocks"]["ff1"]["up"]["kernel"]
     assert kernel.get_metadata()["out_sharding"] == (None, "embed", "mlp")
 
 

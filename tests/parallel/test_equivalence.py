@@ -27,10 +27,12 @@ def _batch(b=8, s=16000, u=6):
     }
 
 
-def _run_step(mesh_shape):
+def _run_step(mesh_shape, head="ctc", rnnt_loss="pruned"):
     config = demo.get_config("tiny")
-    config.model.dim = 16
-    config.model.num_heads = 2
+    config.model.conformer.dim = 16
+    config.model.conformer.num_heads = 2
+    config.model.head = head
+    config.loss.rnnt = rnnt_loss
     config.mesh.data, config.mesh.fsdp, config.mesh.tensor = mesh_shape
     n = int(np.prod(mesh_shape))
     mesh = mesh_lib.make_mesh(config.mesh.to_dict(), devices=jax.devices()[:n])
@@ -50,7 +52,7 @@ def _run_step(mesh_shape):
     opt_state, o_shard = init_opt_state(tx, params, mesh)
     batch = mesh_lib.host_to_global(mesh, _batch())
     step = jax.jit(
-        make_train_step(graphdef, tx, 0, 0),
+        make_train_step(graphdef, tx, 0, 0, config.loss),
         in_shardings=(p_shard, v_shard, o_shard, None, None),
         out_shardings=(p_shard, o_shard, None),
     )
@@ -63,6 +65,15 @@ def _run_step(mesh_shape):
 @pytest.fixture(scope="module")
 def single():
     return _run_step((1, 1, 1))
+
+
+def _assert_same_step(got, want):
+    (loss8, gn8, delta8, _), (loss1, gn1, delta1, _) = got, want
+    np.testing.assert_allclose(loss8, loss1, rtol=1e-5)
+    np.testing.assert_allclose(gn8, gn1, rtol=1e-5)
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4), delta8, delta1
+    )
 
 
 @pytest.mark.parametrize("mesh_shape", [(8, 1, 1), (2, 2, 2), (4, 2, 1), (1, 4, 2)])
@@ -79,3 +90,14 @@ def test_step_equals_single_device(single, mesh_shape):
         # Scanned layers: (layers, embed, mlp) -> (replicated, fsdp, tensor if divisible).
         kernel = params8["encoder"]["blocks"]["ff1"]["up"]["kernel"]
         assert kernel.sharding.spec[0] is None and kernel.sharding.spec[1] == "fsdp"
+
+
+@pytest.mark.parametrize("head,rnnt_loss", [("ctc+rnnt", "pruned"), ("rnnt", "full")])
+def test_transducer_step_equals_single_device(head, rnnt_loss):
+    """The transducer heads (predictor, joiner, both RNN-T losses) shard like the encoder."""
+    want = _run_step((1, 1, 1), head, rnnt_loss)
+    got = _run_step((2, 2, 2), head, rnnt_loss)
+    _assert_same_step(got, want)
+    params = got[3]["transducer"]
+    # Joiner projections (embed, mlp) are sharded over (fsdp, tensor) like feed-forwards.
+    assert tuple(params["joiner"]["enc_proj"]["kernel"].sharding.spec) == ("fsdp", "tensor")

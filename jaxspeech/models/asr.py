@@ -1,0 +1,149 @@
+"""The speech recognizer: front end -> encoder -> CTC and/or transducer heads.
+
+`head` picks the outputs: "ctc" (a linear layer to the vocabulary), "rnnt" (predictor
++ joiner, `jaxspeech.models.transducer`) or "ctc+rnnt" (both; CTC as an auxiliary
+loss and an alternative decoder). The encoder is any registered one
+(`jaxspeech.models.ENCODERS`) with the interface
+`encoder(feats_btf, lengths_b, *, deterministic, rngs) -> (x_btd, lengths_b)` and an
+`output_dim` attribute.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx, struct
+
+from jaxspeech.audio.features import LogMelConfig
+from jaxspeech.models.frontend import Frontend
+from jaxspeech.models.layers import Dense, Dtype
+from jaxspeech.models.transducer import Transducer
+from jaxspeech.parallel.rules import constrain
+
+HEADS = ("ctc", "rnnt", "ctc+rnnt")
+
+
+@struct.dataclass
+class ASRStreamState:
+    """Carried state of `ASRModel.stream_step`: the front end's and the encoder's."""
+
+    frontend: object  # models.frontend.FrontendStreamState
+    encoder: object  # models.conformer.EncoderStreamState
+
+
+class ASRModel(nnx.Module):
+    """Waveforms in; encodings, CTC logits and transducer parts out (blank = id 0)."""
+
+    def __init__(
+        self,
+        *,
+        vocab_size: int,
+        feature_config: LogMelConfig,
+        encoder: Callable[..., nnx.Module],
+        encoder_kwargs: dict,
+        head: str = "ctc",
+        transducer_kwargs: dict | None = None,
+        specaug: dict | None = None,
+        dtype: Dtype = jnp.float32,
+        rngs: nnx.Rngs,
+    ):
+        if head not in HEADS:
+            raise ValueError(f"unknown head {head!r}; choose one of {HEADS}")
+        self.frontend = Frontend(feature_config, specaug=specaug)
+        self.encoder = encoder(
+            num_features=feature_config.num_mel_bins, dtype=dtype, rngs=rngs, **encoder_kwargs
+        )
+        dim = self.encoder.output_dim
+        self.head = head
+        self.ctc = (
+            Dense(dim, vocab_size, ("embed", "vocab"), dtype=dtype, rngs=rngs)
+            if "ctc" in head.split("+")
+            else None
+        )
+        self.transducer = (
+            Transducer(
+                enc_dim=dim, vocab_size=vocab_size, dtype=dtype, rngs=rngs, **transducer_kwargs
+            )
+            if "rnnt" in head.split("+")
+            else None
+        )
+
+    def __call__(
+        self,
+        audio_bs: jax.Array,
+        audio_len_b: jax.Array,
+        *,
+        train: bool = False,
+        rngs: nnx.Rngs | None = None,
+    ) -> tuple[jax.Array, jax.Array]:
+        """(B, S) audio, (B,) sample counts -> (B, T', D) encodings, (B,) frame counts."""
+        feats, lengths = self.frontend(audio_bs, audio_len_b, train=train, rngs=rngs)
+        enc, enc_len = self.encoder(feats, lengths, deterministic=not train, rngs=rngs)
+        return constrain(enc, ("batch", "time", "embed")), enc_len
+
+    def ctc_logits(self, enc_btd: jax.Array) -> jax.Array:
+        """(B, T', D) encodings -> (B, T', V) float32 CTC logits."""
+        if self.ctc is None:
+            raise ValueError(f"model head {self.head!r} has no CTC output")
+        return constrain(self.ctc(enc_btd).astype(jnp.float32), ("batch", "time", "vocab"))
+
+    # ---------------------------------------------------------------------------------
+    # Streaming: audio in, encoder frames out, chunk by chunk (a streaming Conformer:
+    # causal=True, chunk_size > 0). The front end's frames feed the encoder's windows
+    # directly, so both stay exactly equal to the masked full-sequence computation.
+    # ---------------------------------------------------------------------------------
+
+    def stream_samples(self, *, first: bool) -> int:
+        """Audio samples one `stream_step` takes: hop * the encoder's frames per call, plus
+        on the first call the front end's lag (its first call emits that many frames fewer)."""
+        frames = self.encoder.stream_frames(first=first)
+        lag = self.frontend.stream_lag() if first else 0
+        return self.frontend.cfg.hop_length * (frames + lag)
+
+    def init_stream(self, batch_size: int, *, max_history: int | None = None) -> ASRStreamState:
+        """Empty state for `batch_size` audio streams (see `ConformerEncoder.init_stream`)."""
+        return ASRStreamState(
+            frontend=self.frontend.init_stream(batch_size),
+            encoder=self.encoder.init_stream(batch_size, max_history=max_history),
+        )
+
+    def stream_step(
+        self, state: ASRStreamState, audio_bs: jax.Array
+    ) -> tuple[jax.Array, jax.Array, ASRStreamState]:
+        """(B, stream_samples(first=...)) audio -> (B, C, D) encodings, (B, C) valid, state."""
+        first = not state.encoder.started
+        if audio_bs.shape[1] != self.stream_samples(first=first):
+            raise ValueError(
+                f"the {'first' if first else 'later'} stream_step call takes "
+                f"{self.stream_samples(first=first)} samples, got {audio_bs.shape[1]}"
+            )
+        feats, fe_state = self.frontend.stream_step(state.frontend, audio_bs)
+        enc, valid, enc_state = self.encoder.stream_step(state.encoder, feats)
+        return enc, valid, ASRStreamState(frontend=fe_state, encoder=enc_state)
+
+    def stream_flush(
+        self,
+        state: ASRStreamState,
+        audio_bs: jax.Array | None = None,
+        num_samples_b: jax.Array | None = None,
+    ) -> tuple[jax.Array, jax.Array]:
+        """End the streams with optional last samples (the first `num_samples_b` of each row
+        are real) -> (B, N, D) remaining encodings and (B, N) valid frames: the front end's
+        remaining frames go through as many (padded) encoder calls as they need."""
+        feats, num_feats = self.frontend.stream_flush(state.frontend, audio_bs, num_samples_b)
+        enc_state, outs, valids = state.encoder, [], []
+        while True:
+            n = self.encoder.stream_frames(first=not enc_state.started)
+            chunk = feats[:, :n]
+            chunk = jnp.pad(chunk, ((0, 0), (0, n - chunk.shape[1]), (0, 0)))
+            enc, valid, enc_state = self.encoder.stream_step(
+                enc_state, chunk, jnp.clip(num_feats, 0, n).astype(jnp.int32)
+            )
+            outs.append(enc)
+            valids.append(valid)
+            feats, num_feats = feats[:, n:], num_feats - n
+            if feats.shape[1] == 0:
+                break
+        return jnp.concatenate(outs, axis=1), jnp.concatenate(valids, axis=1)
