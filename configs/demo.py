@@ -13,9 +13,8 @@ Variants (`--config configs/demo.py:NAME`):
             47.5%, dev CER 12.8% / WER 46.5% (measured with the previous loader).
   ctc_rnnt  the same encoder with a transducer (stateless predictor, pruned RNN-T loss)
             plus the CTC loss at weight 0.3, decoded by RNN-T greedy search: 1,350
-            steps at the default's cost per step (838 vs 823 ms, bucket-weighted, idle
-            machine). Test CER 12.5% / WER 41.7%, dev CER 12.1% / WER 40.6%; its CTC
-            head alone (`--method ctc_greedy`): test CER 18.4%.
+            steps, 22.2 min of training. Test CER 12.7% / WER 41.8%, dev CER 12.2% /
+            WER 39.9%; its CTC head alone (`--method ctc_greedy`): test CER 17.8%.
   rnnt      the transducer alone: 1,350 steps, 21.7 min of training. Test CER 17.4% /
             WER 53.0%, dev CER 16.5% / WER 49.7%: without the CTC loss the encoder
             learns its alignments later (a worse CER than the CTC default at equal time).
