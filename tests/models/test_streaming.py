@@ -23,19 +23,16 @@ from jaxspeech.models.subsampling import Conv2dSubsampling, subsampled_length
 F = 20  # the fewest features x8 subsampling leaves one bin of: 20 -> 9 -> 4 -> 1
 
 
+# The tiny encoder of these tests (num_features aside).
+TINY = dict(
+    dim=16, num_layers=2, num_heads=2, ff_mult=2, conv_kernel=5, subsampling_channels=4, dropout=0.0
+)
+
+
 def _encoder(*, params=None, **kw):
     """A tiny encoder with random parameters (or `params`, a pure dict), built abstractly:
     the eager initializers would cost seconds of op compilation per test."""
-    args = dict(
-        num_features=F,
-        dim=16,
-        num_layers=2,
-        num_heads=2,
-        ff_mult=2,
-        conv_kernel=5,
-        subsampling_channels=4,
-        dropout=0.0,
-    )
+    args = dict(num_features=F, **TINY)
     enc = nnx.eval_shape(lambda: ConformerEncoder(**(args | kw), rngs=nnx.Rngs(0)))
     state = nnx.state(enc, nnx.Param)
     if params is None:
@@ -410,16 +407,7 @@ def test_model_streams_audio_like_the_masked_full_model():
     model = nnx.eval_shape(
         lambda: build_model(
             encoder="conformer",
-            encoder_kwargs=dict(
-                dim=16,
-                num_layers=2,
-                num_heads=2,
-                ff_mult=2,
-                conv_kernel=5,
-                subsampling_channels=4,
-                dropout=0.0,
-                **kw,
-            ),
+            encoder_kwargs=TINY | kw,
             vocab_size=5,
             feature_config=cfg,
             rngs=nnx.Rngs(0),
