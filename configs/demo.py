@@ -62,6 +62,11 @@ def get_config(arg: str | None = None) -> ConfigDict:
     # Label padding per bucket = boundary * this. Even characters of fast espeak speech run
     # at < 20/s; rows over the limit are counted (label_overflow), never truncated.
     c.data.max_tokens_per_second = 30.0
+    # Loader shards: the corpus is dealt to this many readers, each host serving an equal
+    # run of them. 0 = one per process. A fixed count (a multiple of every process count
+    # you will use) gives the same global batches on 1 host or N: a run can move between
+    # host counts and replay exactly.
+    c.data.loader_shards = 0
     c.data.num_workers = 0  # Grain worker processes; 0 reads in threads (enough for the demo)
     c.data.prefetch = 4  # batches read ahead
 
@@ -172,9 +177,25 @@ def get_config(arg: str | None = None) -> ConfigDict:
     c.train.keep_checkpoints = 2
     c.train.eval_every = 0  # steps; 0 = only at the end (eval costs CPU time in the demo)
     c.train.eval_at_end = True
+    # Micro-batches per step (gradient accumulation): the batch of data.batch_seconds is
+    # processed in this many slices, for activation memory of one slice. 1 on CPU.
+    c.train.grad_accum = 1
+
+    c.monitor = ConfigDict()
+    # Peak dense TFLOP/s of one device for MFU; 0 = from the device kind
+    # (jaxspeech.metrics.perf.PEAK_TFLOPS; unknown kinds such as CPUs report no MFU).
+    c.monitor.peak_tflops = 0.0
+    # Every this many steps: decode a few training rows next to their references and
+    # draw a spectrogram before/after augmentation (one extra compilation; 0 = never).
+    c.monitor.samples_every = 450
+    c.monitor.num_samples = 2
 
     c.mesh = ConfigDict()
-    # Sizes of (data, fsdp, tensor); -1 = the rest of the devices.
+    # Sizes of (replica, data, fsdp, tensor); -1 = the rest of the devices. `replica`:
+    # groups of whole hosts (or TPU slices) joined by slow links; only the gradient
+    # all-reduce crosses them. Parameters and optimizer state shard over `fsdp`;
+    # attention heads, feed-forward units and the vocabulary over `tensor`.
+    c.mesh.replica = 1
     c.mesh.data = -1
     c.mesh.fsdp = 1
     c.mesh.tensor = 1
@@ -206,4 +227,5 @@ def get_config(arg: str | None = None) -> ConfigDict:
         c.train.num_steps = 8
         c.train.log_every = 2
         c.train.checkpoint_every = 4
+        c.monitor.samples_every = 8  # once, at the end: each costs a compilation
     return c

@@ -75,8 +75,9 @@ def make_model(config: ConfigDict, vocab_size: int, seed: int) -> nnx.Module:
     )
 
 
-def abstract_model(config: ConfigDict, vocab_size: int, mesh) -> tuple:
-    """(graphdef, abstract params, abstract model_vars, param shardings, var shardings).
+def abstract_model(config: ConfigDict, vocab_size: int, mesh, *, with_axes: bool = False) -> tuple:
+    """(graphdef, abstract params, abstract model_vars, param shardings, var shardings),
+    plus the parameters' logical axes (a matching dict) when `with_axes`.
 
     Abstract trees are pure dicts of ShapeDtypeStructs carrying the mesh shardings.
     """
@@ -84,13 +85,14 @@ def abstract_model(config: ConfigDict, vocab_size: int, mesh) -> tuple:
     graphdef, params, model_vars = nnx.split(model, nnx.Param, FeatureStats)
     p_shard = rules.state_shardings(params, mesh)
     v_shard = rules.state_shardings(model_vars, mesh)
-    return (
+    out = (
         graphdef,
         ckpt_lib.abstract_like(nnx.to_pure_dict(params), p_shard),
         ckpt_lib.abstract_like(nnx.to_pure_dict(model_vars), v_shard),
         p_shard,
         v_shard,
     )
+    return out + (rules.state_axes(params),) if with_axes else out
 
 
 def decoding_method(config: ConfigDict) -> str:

@@ -33,6 +33,7 @@ from jaxspeech.data import pipeline as pipeline_lib
 from jaxspeech.data.tokenizer import Tokenizer
 from jaxspeech.losses import rnnt
 from jaxspeech.losses.ctc import ctc_loss
+from jaxspeech.metrics import images, perf
 from jaxspeech.metrics.writers import MetricWriter
 from jaxspeech.parallel import mesh as mesh_lib
 from jaxspeech.parallel import rules
@@ -165,10 +166,14 @@ def model_losses(
     loss_cfg: ConfigDict,
     blank_id: int,
 ) -> tuple[jax.Array, dict]:
-    """Per-token training loss of the model's head(s) and its auxiliary metrics.
+    """Summed training objective of a (micro-)batch and the sums that normalize it.
 
-    Utterances whose loss is infeasible (CTC: more labels than frames allow) or not
-    finite get weight 0 and are counted, never averaged in.
+    Returns (objective, sums): objective = sum over utterances of weight x loss;
+    sums = {"tokens", "utterances", "skipped_infeasible", "skipped_label_overflow",
+    "loss_<part>" (summed like the objective)}. Sums, not means, so micro-batches add up
+    to exactly the full batch; the step divides by the batch's tokens. Utterances whose
+    loss is infeasible (CTC: more labels than frames allow) or not finite get weight 0
+    and are counted, never averaged in.
     """
     enc, enc_len = model(batch["audio"], batch["audio_len"], train=True, rngs=nnx.Rngs(key))
     labels, label_len = batch["labels"], batch["label_len"]
@@ -220,38 +225,95 @@ def model_losses(
     else:
         total_b = parts.get("rnnt", parts.get("ctc"))
     w = weight * valid
-    tokens = jnp.sum(w * label_len)
-    # Per-token loss: buckets of different batch sizes get the same gradient scale.
-    loss = jnp.sum(w * total_b) / jnp.maximum(tokens, 1.0)
-    aux = {
-        "utt_loss": jnp.sum(w * total_b) / jnp.maximum(jnp.sum(w), 1.0),
+    sums = {
         "utterances": jnp.sum(w),
-        "tokens": tokens,
+        "tokens": jnp.sum(w * label_len),
         "skipped_infeasible": jnp.sum(weight * (1.0 - valid)),
         "skipped_label_overflow": jnp.sum(batch["label_overflow"]).astype(jnp.float32),
     }
     for name, part in parts.items():
-        aux[f"loss_{name}"] = jnp.sum(w * part) / jnp.maximum(tokens, 1.0)
-    return loss, aux
+        sums[f"loss_{name}"] = jnp.sum(w * part)
+    return jnp.sum(w * total_b), sums
+
+
+def split_micro_batches(batch: dict, num: int) -> dict:
+    """(B, ...) arrays -> (num, B / num, ...): micro-batch i is rows i, i + num, i + 2 num, ...
+
+    Strided, not contiguous, so that every device's rows of the batch-sharded global
+    array stay on that device in every micro-batch (no data moves between devices).
+    """
+
+    def split(x):
+        b = x.shape[0]
+        if b % num:
+            raise ValueError(f"batch of {b} rows does not split into {num} micro-batches")
+        y = jnp.swapaxes(x.reshape((b // num, num) + x.shape[1:]), 0, 1)
+        return rules.constrain(y, (None, "batch") + (None,) * (x.ndim - 1))
+
+    return jax.tree.map(split, batch)
 
 
 def make_train_step(
-    graphdef, tx: optax.GradientTransformation, seed: int, blank_id: int, loss_cfg: ConfigDict
+    graphdef,
+    tx: optax.GradientTransformation,
+    seed: int,
+    blank_id: int,
+    loss_cfg: ConfigDict,
+    *,
+    grad_accum: int = 1,
 ) -> Callable:
-    """(params, model_vars, opt_state, batch, step) -> (params, opt_state, metrics)."""
+    """(params, model_vars, opt_state, batch, step) -> (params, opt_state, metrics).
 
-    def loss_fn(params, model_vars, batch, key, step):
+    With grad_accum = k > 1 the batch is processed as k micro-batches in a `lax.scan`
+    (activation memory of one micro-batch); gradients and loss sums accumulate in
+    float32 and are normalized once by the whole batch's tokens, so the update equals
+    the single-pass one up to summation order.
+    """
+    if grad_accum < 1:
+        raise ValueError(f"train.grad_accum must be >= 1, got {grad_accum}")
+
+    def objective(params, model_vars, batch, key, step):
         model = nnx.merge(graphdef, params, model_vars)
         return model_losses(model, batch, key, step, loss_cfg, blank_id)
 
-    def train_step(params, model_vars, opt_state, batch, step):
-        key = jax.random.fold_in(jax.random.key(seed + 1), step)
-        (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+    def grads_and_sums(params, model_vars, batch, key, step):
+        (total, sums), grads = jax.value_and_grad(objective, has_aux=True)(
             params, model_vars, batch, key, step
         )
+        return grads, sums | {"objective": total}
+
+    def train_step(params, model_vars, opt_state, batch, step):
+        key = jax.random.fold_in(jax.random.key(seed + 1), step)
+        if grad_accum == 1:
+            grads, sums = grads_and_sums(
+                params, model_vars, batch, jax.random.fold_in(key, 0), step
+            )
+        else:
+            micro = split_micro_batches(batch, grad_accum)
+
+            def body(acc, xs):
+                i, mb = xs
+                out = grads_and_sums(params, model_vars, mb, jax.random.fold_in(key, i), step)
+                return jax.tree.map(jnp.add, acc, out), None
+
+            shapes = jax.eval_shape(
+                grads_and_sums, params, model_vars, jax.tree.map(lambda x: x[0], micro), key, step
+            )
+            zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+            (grads, sums), _ = jax.lax.scan(body, zeros, (jnp.arange(grad_accum), micro))
+        # Per-token objective: buckets of different batch sizes get the same gradient scale.
+        tokens = jnp.maximum(sums["tokens"], 1.0)
+        grads = jax.tree.map(lambda g: g / tokens, grads)
         updates, opt_state = tx.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
-        metrics = aux | {"loss": loss, "grad_norm": optax.tree.norm(grads)}
+        metrics = {
+            "loss": sums["objective"] / tokens,
+            "utt_loss": sums["objective"] / jnp.maximum(sums["utterances"], 1.0),
+            "grad_norm": optax.tree.norm(grads),
+            "param_norm": optax.tree.norm(params),
+        }
+        for k, v in sums.items():
+            metrics[k] = v / tokens if k.startswith("loss_") else v
         return params, opt_state, metrics
 
     return train_step
@@ -272,6 +334,74 @@ def init_opt_state(tx: optax.GradientTransformation, params: dict, mesh) -> tupl
 
     shardings = jax.tree.map(on_mesh, opt_state)
     return jax.device_put(opt_state, shardings), shardings
+
+
+# ---------------------------------------------------------------- monitoring
+def step_flops(config: ConfigDict, vocab_size: int, blank_id: int, batch_shapes: dict) -> float:
+    """Model FLOPs of one training step on a global batch of `batch_shapes`, by XLA's count.
+
+    XLA's cost analysis counts a while-loop body once, whatever its trip count, and
+    counts rematerialized work twice; model FLOPs (the MFU numerator) are neither. So
+    the count comes from lowering (never compiling or running) the same step with the
+    Conformer's layers unrolled and no rematerialization, on abstract arguments. Loops
+    over time (an LSTM encoder's recurrence, the transducer loss recursions) are still
+    counted once: for an LSTM encoder the figure is a lower bound.
+    """
+    c = ConfigDict(config.to_dict())
+    if "conformer" in c.model:
+        c.model.conformer.scan_layers = False
+        c.model.conformer.remat = "none"
+    model = nnx.eval_shape(lambda: eval_lib.make_model(c, vocab_size, 0))
+    graphdef, params, model_vars = nnx.split(model, nnx.Param, eval_lib.FeatureStats)
+    params, model_vars = nnx.to_pure_dict(params), nnx.to_pure_dict(model_vars)
+    tx, _ = optim.make_optimizer(c.optim, int(c.train.num_steps))
+    opt_state = jax.eval_shape(tx.init, params)
+    step = make_train_step(graphdef, tx, 0, blank_id, c.loss)
+    cost = jax.jit(step).lower(params, model_vars, opt_state, batch_shapes, jnp.int32(0))
+    analysis = cost.cost_analysis()
+    return float((analysis or {}).get("flops", 0.0))
+
+
+def describe_compiled(compiled, shapes: dict, flops: float, sample_rate: int) -> str:
+    """One line per compiled batch shape: model GFLOP and XLA's per-device memory plan."""
+    b, s = shapes["audio"].shape
+    mem = compiled.memory_analysis()
+    text = f"compiled the step for batch {b} x {s / sample_rate:.2f} s: {flops / 1e9:.1f} GFLOP"
+    if mem is not None:
+        text += (
+            f"; per device: arguments {mem.argument_size_in_bytes / 2**20:.1f} MiB, "
+            f"temporaries {mem.temp_size_in_bytes / 2**20:.1f} MiB"
+        )
+    return text
+
+
+def peek_rows(local: dict, rows: int, samples: int) -> dict:
+    """The first `rows` rows of a host-local batch, audio zero-padded to `samples`: one fixed
+    shape for the periodic sample decoding and spectrograms (one compilation, not one
+    per bucket)."""
+    audio = np.zeros((rows, samples), np.float32)
+    n = min(samples, local["audio"].shape[1])
+    audio[:, :n] = local["audio"][:rows, :n]
+    return {
+        "audio": audio,
+        "audio_len": np.minimum(local["audio_len"][:rows], samples).astype(np.int32),
+        "labels": local["labels"][:rows],
+        "label_len": local["label_len"][:rows],
+        "weight": local["weight"][:rows],
+    }
+
+
+def make_features_fn(graphdef) -> Callable:
+    """(params, model_vars, audio, audio_len, key) -> (clean, augmented) (B, T, F) features."""
+
+    @jax.jit
+    def features_fn(params, model_vars, audio_bs, audio_len_b, key):
+        model = nnx.merge(graphdef, params, model_vars)
+        clean, _ = model.frontend(audio_bs, audio_len_b, train=False, rngs=None)
+        augmented, lengths = model.frontend(audio_bs, audio_len_b, train=True, rngs=nnx.Rngs(key))
+        return clean, augmented, lengths
+
+    return features_fn
 
 
 # ---------------------------------------------------------------- train_and_evaluate
@@ -301,7 +431,20 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
     tokenizer = Tokenizer.load(tokenizer_dir)
 
     # ---------------------------------------------------------- data
-    multiple_of = math.lcm(mesh_lib.num_batch_shards(mesh), jax.process_count())
+    grad_accum = int(config.train.grad_accum)
+    if grad_accum < 1:
+        raise UserError(f"train.grad_accum must be >= 1, got {grad_accum}")
+    loader_shards = int(config.data.loader_shards)
+    if loader_shards < 0 or (loader_shards and loader_shards % jax.process_count()):
+        raise UserError(
+            f"data.loader_shards={loader_shards} must be 0 (one per process) or a multiple of "
+            f"the {jax.process_count()} processes"
+        )
+    # Every micro-batch splits evenly over the batch shards; every loader shard (and
+    # process) gets equal rows.
+    multiple_of = math.lcm(
+        mesh_lib.num_batch_shards(mesh) * grad_accum, loader_shards or jax.process_count()
+    )
     spec = pipeline_lib.make_bucket_spec(
         config.data.bucket_boundaries,
         config.data.batch_seconds,
@@ -320,6 +463,7 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
             train=True,
             process_index=jax.process_index(),
             process_count=jax.process_count(),
+            loader_shards=loader_shards,
             num_workers=config.data.num_workers,
             prefetch=config.data.prefetch,
             speeds=augmenter.cfg.speeds if augmenter else (1.0,),
@@ -337,8 +481,8 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
         if config.loss.rnnt not in ("pruned", "full"):
             raise ValueError(f"loss.rnnt must be 'pruned' or 'full', got {config.loss.rnnt!r}")
         eval_lib.decoding_method(config)
-        graphdef, abs_params, abs_vars, p_shard, v_shard = eval_lib.abstract_model(
-            config, tokenizer.vocab_size, mesh
+        graphdef, abs_params, abs_vars, p_shard, v_shard, p_axes = eval_lib.abstract_model(
+            config, tokenizer.vocab_size, mesh, with_axes=True
         )
     except ValueError as e:  # A bad model, loss or decoding setting.
         raise UserError(f"config: {e}") from e
@@ -350,14 +494,16 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
     params = jax.jit(init_params, out_shardings=p_shard)()
     model_vars = jax.device_put({"frontend": {"mean": mean, "std": std}}, v_shard)
     log(
-        f"model: {config.model.encoder} encoder, {config.model.head} head; "
-        + rules.describe_shardings(abs_params, p_shard, mesh)
+        f"model: {config.model.encoder} encoder, {config.model.head} head, "
+        f"{config.model.dtype} compute, float32 parameters\n"
+        + rules.describe_shardings(abs_params, p_shard, mesh, p_axes)
     )
     num_steps = int(config.train.num_steps)
     tx, schedule = optim.make_optimizer(config.optim, num_steps)
     opt_state, o_shard = init_opt_state(tx, params, mesh)
 
     # ---------------------------------------------------------- restore
+    replicated = NamedSharding(mesh, PartitionSpec())
     ckpt = ckpt_lib.Checkpointer(workdir, max_to_keep=config.train.keep_checkpoints)
     start = ckpt.latest_step() or 0
     if start:
@@ -367,7 +513,7 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
             abstract_model={"params": abs_params, "model_vars": abs_vars},
             abstract_train={
                 "opt_state": ckpt_lib.abstract_like(opt_state, o_shard),
-                "step": jax.ShapeDtypeStruct((), jnp.int32),
+                "step": jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated),
             },
             data_iter=train_iter,
         )
@@ -389,25 +535,52 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
         )
     }
     train_step = jax.jit(
-        make_train_step(graphdef, tx, config.seed, tokenizer.blank_id, config.loss),
+        make_train_step(
+            graphdef, tx, config.seed, tokenizer.blank_id, config.loss, grad_accum=grad_accum
+        ),
         in_shardings=(p_shard, v_shard, o_shard, batch_shard, None),
         out_shardings=(p_shard, o_shard, None),
         donate_argnums=(0, 2),
     )
     decode_fn = eval_lib.make_decode_fn(graphdef, config, tokenizer.blank_id)
-    writer = MetricWriter(os.path.join(workdir, "tensorboard"))
+    features_fn = make_features_fn(graphdef)
+    writer = MetricWriter(
+        os.path.join(workdir, "tensorboard"), jsonl_path=os.path.join(workdir, "metrics.jsonl")
+    )
+    mon, sr = config.monitor, config.features.sample_rate
+    device_kind = jax.devices()[0].device_kind
+    peak = perf.peak_flops_per_device(device_kind, config.model.dtype, mon.peak_tflops)
+    if peak is None:
+        log(f"MFU: no peak FLOP/s known for {device_kind!r}; set --config.monitor.peak_tflops")
+    compiled: dict[tuple, tuple] = {}  # batch shape -> (executable, model FLOPs)
+    goodput = perf.Goodput()
+
+    def compiled_step(batch: dict, step: int) -> tuple[Callable, float]:
+        """The step's executable for this batch shape, compiled (and its FLOPs counted) once."""
+        key = tuple(batch["audio"].shape)
+        if key not in compiled:
+            with goodput.phase("compile"):
+                shapes = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in batch.items()}
+                exe = train_step.lower(
+                    params, model_vars, opt_state, batch, jnp.int32(step)
+                ).compile()
+                flops = step_flops(config, tokenizer.vocab_size, tokenizer.blank_id, shapes)
+                compiled[key] = (exe, flops)
+                log(describe_compiled(exe, shapes, flops, sr))
+        return compiled[key]
 
     def run_eval(step: int) -> dict:
-        result = eval_lib.evaluate_split(
-            config=config,
-            decode_fn=decode_fn,
-            params=params,
-            model_vars=model_vars,
-            mesh=mesh,
-            data_dir=config.data.dir,
-            split=config.data.eval_split,
-            tokenizer_dir=tokenizer_dir,
-        )
+        with goodput.phase("eval"):
+            result = eval_lib.evaluate_split(
+                config=config,
+                decode_fn=decode_fn,
+                params=params,
+                model_vars=model_vars,
+                mesh=mesh,
+                data_dir=config.data.dir,
+                split=config.data.eval_split,
+                tokenizer_dir=tokenizer_dir,
+            )
         eval_lib.write_result(workdir, result, step)
         writer.scalars(
             step,
@@ -424,60 +597,111 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
             log(f"  ref: {ex['ref']}\n  hyp: {ex['hyp']}")
         return result
 
+    # At least monitor.num_samples rows, a multiple of the batch shards and processes.
+    peek_unit = math.lcm(mesh_lib.num_batch_shards(mesh), jax.process_count())
+    peek_rows_global = peek_unit * max(1, math.ceil(mon.num_samples / peek_unit))
+    peek_samples = int(math.ceil(max(spec.boundaries) * sr))
+
+    def show_samples(step: int, local: dict) -> None:
+        """Decoded training rows next to their references, and spectrograms of a few rows
+        before and after SpecAugment, to the console and TensorBoard."""
+        with goodput.phase("eval"):
+            rows = peek_rows(local, peek_rows_global // jax.process_count(), peek_samples)
+            arrays = mesh_lib.host_to_global(mesh, {k: rows[k] for k in ("audio", "audio_len")})
+            out = decode_fn(params, model_vars, arrays["audio"], arrays["audio_len"])
+            out = {k: mesh_lib.to_host_local(mesh, v) for k, v in out.items()}
+            hyps = eval_lib.hypotheses(out, config, tokenizer.blank_id)
+            key = jax.random.fold_in(jax.random.key(config.seed + 2), step)
+            clean, augmented, lengths = features_fn(
+                params, model_vars, arrays["audio"], arrays["audio_len"], key
+            )
+            clean, augmented, lengths = (
+                mesh_lib.to_host_local(mesh, x) for x in (clean, augmented, lengths)
+            )
+        lines = []
+        for i in range(min(mon.num_samples, len(hyps))):
+            if not rows["weight"][i]:
+                continue
+            ref = tokenizer.decode(rows["labels"][i, : rows["label_len"][i]].tolist())
+            lines.append(f"  ref: {ref}\n  hyp: {tokenizer.decode(hyps[i])}")
+        log(f"samples at step {step}:\n" + "\n".join(lines))
+        writer.text(step, "samples", "\n\n".join(ln.replace("\n", "  \n") for ln in lines))
+        n = int(lengths[0])
+        writer.image(
+            step,
+            "spectrogram/clean_vs_augmented",
+            images.stack_images(
+                [images.spectrogram_image(clean[0, :n]), images.spectrogram_image(augmented[0, :n])]
+            ),
+        )
+
     # ---------------------------------------------------------- loop
     log(
         f"training steps {start} -> {num_steps}; {len(spec.boundaries)} batch shapes: "
-        f"{spec.shapes()}"
+        f"{spec.shapes()}" + (f"; {grad_accum} micro-batches per step" if grad_accum > 1 else "")
     )
     pending: list[dict] = []
-    t_window, t_start, steps_window = time.time(), time.time(), 0
-    sr = config.features.sample_rate
+    t_start, steps_window, flops_window = time.time(), 0, 0.0
     # train.run_steps > 0 ends this invocation early (job queues with wall-time limits:
     # resubmit the same command and it resumes); the schedule still spans num_steps.
     stop = min(num_steps, start + config.train.run_steps) if config.train.run_steps else num_steps
     for step in range(start, stop):
-        batch = next(train_iter)
-        audio_s = float(np.sum(batch["audio_len"] * batch["weight"])) / sr
-        batch = mesh_lib.host_to_global(mesh, batch)
-        params, opt_state, metrics = train_step(
-            params, model_vars, opt_state, batch, jnp.int32(step)
-        )
+        with goodput.phase("data"):
+            local = next(train_iter)
+            audio_s = float(np.sum(local["audio_len"] * local["weight"])) / sr
+            batch = mesh_lib.host_to_global(mesh, local)
+        exe, flops = compiled_step(batch, step)
+        with goodput.phase("compute"):
+            params, opt_state, metrics = exe(params, model_vars, opt_state, batch, jnp.int32(step))
+            # Waiting here splits data wait from compute; the loader's threads and
+            # workers keep reading ahead meanwhile.
+            metrics["loss"].block_until_ready()
         pending.append(metrics | {"audio_seconds": audio_s})
         steps_window += 1
+        flops_window += flops
         done = step + 1
         if done % config.train.log_every == 0 or done in (num_steps, stop):
             fetched = jax.device_get(pending)
-            dt = time.time() - t_window
+            times = goodput.window()
             m = {k: float(np.mean([p[k] for p in fetched])) for k in fetched[0]}
             sums = {
                 k: float(np.sum([p[k] for p in fetched]))
                 for k in ("audio_seconds", "skipped_infeasible", "skipped_label_overflow")
             }
-            audio_per_s = sums["audio_seconds"] * jax.process_count() / dt
-            rate = steps_window / dt
-            eta = (num_steps - done) / max(rate, 1e-9)
+            wall = times["wall"]
+            audio_per_s = sums["audio_seconds"] * jax.process_count() / wall
+            rate = steps_window / wall
+            mfu = perf.mfu(flops_window, times["compute"], jax.device_count(), peak)
+            step_ms = 1000 * times["compute"] / steps_window
+            wait_ms = 1000 * times["data"] / steps_window
             parts = {k[5:]: v for k, v in m.items() if k.startswith("loss_")}
-            writer.scalars(
-                done,
-                {f"train/loss_{k}": v for k, v in parts.items()}
-                | {
-                    "train/loss": m["loss"],
-                    "train/utt_loss": m["utt_loss"],
-                    "train/grad_norm": m["grad_norm"],
-                    "train/lr": float(schedule(step)),
-                    "train/steps_per_s": rate,
-                    "train/audio_s_per_s": audio_per_s,
-                    "train/skipped_infeasible": sums["skipped_infeasible"],
-                    "train/skipped_label_overflow": sums["skipped_label_overflow"],
-                },
-            )
+            scalars = {f"train/loss_{k}": v for k, v in parts.items()} | {
+                "train/loss": m["loss"],
+                "train/utt_loss": m["utt_loss"],
+                "train/grad_norm": m["grad_norm"],
+                "train/param_norm": m["param_norm"],
+                "train/lr": float(schedule(step)),
+                "train/steps_per_s": rate,
+                "train/audio_s_per_s": audio_per_s,
+                "train/audio_hours_per_s": audio_per_s / 3600,
+                "train/skipped_infeasible": sums["skipped_infeasible"],
+                "train/skipped_label_overflow": sums["skipped_label_overflow"],
+                "perf/step_compute_ms": step_ms,
+                "perf/data_wait_ms": wait_ms,
+                "perf/goodput": goodput.goodput(),
+            }
+            scalars |= {f"perf/seconds_{k}": v for k, v in times.items() if k != "wall"}
+            if mfu is not None:
+                scalars["perf/mfu"] = mfu
+            writer.scalars(done, scalars)
             log(
-                f"step {done}/{num_steps} | loss {m['loss']:.3f} (utt {m['utt_loss']:.1f}"
+                f"{perf.progress_line(done, num_steps, rate)} | loss {m['loss']:.3f} "
+                f"(utt {m['utt_loss']:.1f}"
                 + "".join(f", {k} {v:.3f}" for k, v in parts.items() if len(parts) > 1)
-                + ") | "
-                f"grad {m['grad_norm']:.2f} | lr {float(schedule(step)):.2e} | "
-                f"{rate:.2f} steps/s | "
-                f"{audio_per_s:.0f} audio s/s | ETA {eta / 60:.1f} min"
+                + f") | grad {m['grad_norm']:.2f} | lr {float(schedule(step)):.2e} | "
+                f"{audio_per_s:.0f} audio s/s | step {step_ms:.0f} ms + data wait {wait_ms:.0f} ms"
+                + (f" | MFU {mfu:.1%}" if mfu is not None else "")
+                + f" | goodput {goodput.goodput():.0%}"
                 + (
                     f" | skipped {sums['skipped_infeasible']:.0f} infeasible, "
                     f"{sums['skipped_label_overflow']:.0f} too long"
@@ -485,19 +709,33 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
                     else ""
                 )
             )
-            pending, t_window, steps_window = [], time.time(), 0
+            pending, steps_window, flops_window = [], 0, 0.0
         if done % config.train.checkpoint_every == 0 or done in (num_steps, stop):
-            ckpt.save(
-                done,
-                model={"params": params, "model_vars": model_vars},
-                train={"opt_state": opt_state, "step": jnp.int32(done)},
-                data_iter=train_iter,
-            )
+            with goodput.phase("checkpoint"):
+                ckpt.save(
+                    done,
+                    model={"params": params, "model_vars": model_vars},
+                    # A replicated global array: Orbax refuses host-local arrays on many hosts.
+                    train={
+                        "opt_state": opt_state,
+                        "step": jax.device_put(np.int32(done), replicated),
+                    },
+                    data_iter=train_iter,
+                )
+        if mon.samples_every and done % mon.samples_every == 0:
+            show_samples(done, local)
         if config.train.eval_every and done % config.train.eval_every == 0 and done < num_steps:
             run_eval(done)
-    ckpt.wait()
+    with goodput.phase("checkpoint"):
+        ckpt.wait()
     if stop > start:
-        log(f"trained steps {start} -> {stop} in {(time.time() - t_start) / 60:.1f} min")
+        totals = goodput.totals()
+        log(
+            f"trained steps {start} -> {stop} in {(time.time() - t_start) / 60:.1f} min; "
+            f"goodput {goodput.goodput():.0%} ("
+            + ", ".join(f"{k} {v:.0f}s" for k, v in totals.items() if k != "wall" and v >= 0.5)
+            + ")"
+        )
     if stop < num_steps:
         log(f"stopping at step {stop} of {num_steps} (train.run_steps); rerun to resume")
         writer.close()
@@ -522,6 +760,14 @@ def main(argv: list[str]) -> None:
     if _CONFIG.value is None or _WORKDIR.value is None:
         raise app.UsageError("--config and --workdir are required")
     try:
+        try:
+            how = mesh_lib.initialize()  # before anything touches a device
+        except mesh_lib.DistributedConfigError as e:
+            raise UserError(str(e)) from e
+        if how != "single":  # every process says it joined
+            print(
+                f"jax.distributed: process {jax.process_index()} of {jax.process_count()} ({how})"
+            )
         train_and_evaluate(_CONFIG.value, _WORKDIR.value)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)

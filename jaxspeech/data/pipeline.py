@@ -100,17 +100,23 @@ class PlannedBatch(NamedTuple):
 
 class BatchPlan:
     """Deterministic batches over an epoch-repeated corpus; ``plan[step]`` is one step's
-    host-local batch for process ``process_index``.
+    host-local batch: the rows of the loader shards ``shards`` (this process's), in order.
+
+    The corpus is split into loader shards (``owners``: the records of each); a global
+    batch is every loader shard's rows, in shard order, and a process serves a contiguous
+    run of loader shards. By default there is one loader shard per process; a fixed count
+    (a multiple of every process count used) makes the global batches the same for any
+    number of processes, e.g. a 2-host run and its 1-host replay.
 
     Per epoch: every record gets a speed factor (seeded; 1.0 if the perturbed audio would
     not fit the last bucket) and the bucket of its perturbed length. Bucket b gets
-    ``n_b = max over processes of ceil(records of that process in b / local batch size)``
+    ``n_b = max over loader shards of ceil(records of that shard in b / shard batch size)``
     batches, and the order of buckets over the epoch is one seeded permutation, so every
     process computes the same bucket sequence and draws the same batch shape at every step
-    (no host waits on another for a different shape). Each process fills its n_b batches of
-    bucket b with a seeded permutation of its own records of bucket b, padded with
-    PAD_INDEX. Nothing is dropped: every record that fits the last bucket appears exactly
-    once per epoch on exactly one process.
+    (no host waits on another for a different shape). Each loader shard fills its n_b
+    batches of bucket b with a seeded permutation of its own records of bucket b, padded
+    with PAD_INDEX. Nothing is dropped: every record that fits the last bucket appears
+    exactly once per epoch in exactly one loader shard.
 
     With one speed, every epoch has the same number of batches; with several, epochs differ
     slightly and their starts are found by counting (only bucket counts per epoch, cached).
@@ -124,7 +130,7 @@ class BatchPlan:
         seed: int,
         shuffle: bool,
         owners: Sequence[np.ndarray] | None = None,
-        process_index: int = 0,
+        shards: Sequence[int] = (0,),
         num_epochs: int | None = None,
         speeds: Sequence[float] = (1.0,),
     ):
@@ -132,16 +138,21 @@ class BatchPlan:
         self.seed = seed
         self.shuffle = shuffle
         self.owners = [np.arange(len(durations))] if owners is None else list(owners)
-        self.process_index = process_index
+        self.shards = tuple(int(q) for q in shards)
+        if not self.shards or any(not 0 <= q < len(self.owners) for q in self.shards):
+            raise ValueError(f"loader shards {shards} not in 0..{len(self.owners) - 1}")
         self.num_epochs = num_epochs
         self.speeds = np.asarray(speeds, np.float64)
         if self.speeds.size == 0 or np.any(self.speeds <= 0):
             raise ValueError(f"speeds must be positive, got {speeds}")
-        process_count = len(self.owners)
+        num_shards = len(self.owners)
         for bs in spec.batch_sizes:
-            if bs % process_count:
-                raise ValueError(f"global batch {bs} is not divisible by {process_count} processes")
-        self.local_batch_sizes = np.array([bs // process_count for bs in spec.batch_sizes])
+            if bs % num_shards:
+                raise ValueError(
+                    f"global batch {bs} is not divisible by {num_shards} loader shards"
+                )
+        # Rows per loader shard; this process's batch is len(shards) times that.
+        self.local_batch_sizes = np.array([bs // num_shards for bs in spec.batch_sizes])
         durations = np.asarray(durations, np.float64)
         self.samples = np.round(durations * spec.sample_rate).astype(np.int64)
         self.bucket_samples = np.array([spec.num_samples(b) for b in range(len(spec.boundaries))])
@@ -179,7 +190,7 @@ class BatchPlan:
         return factors, np.where(buckets < len(self.bucket_samples), buckets, -1)
 
     def _batches_per_bucket(self, buckets: np.ndarray) -> np.ndarray:
-        """(num_buckets,) n_b: the most batches any process needs for bucket b."""
+        """(num_buckets,) n_b: the most batches any loader shard needs for bucket b."""
         fits = buckets >= 0
         nb = len(self.bucket_samples)
         # One bincount over (process, bucket) pairs: linear in N, unlike np.add.at.
@@ -226,17 +237,20 @@ class BatchPlan:
         sequence = np.repeat(np.arange(len(counts)), counts)  # The bucket of each batch.
         if self.shuffle:
             sequence = np.random.default_rng([self.seed, epoch, 2]).permutation(sequence)
-        local_rng = np.random.default_rng([self.seed, epoch, 3, self.process_index])
-        mine = self.owners[self.process_index]
-        rows = []  # rows[b]: (n_b, local batch) record indices of bucket b, padded.
-        for b, n_b in enumerate(counts):
-            members = mine[buckets[mine] == b]
-            if self.shuffle:
-                members = local_rng.permutation(members)
-            lb = int(self.local_batch_sizes[b])
-            padded = np.full(n_b * lb, PAD_INDEX, np.int64)
-            padded[: len(members)] = members
-            rows.append(padded.reshape(n_b, lb))
+        parts: list[list[np.ndarray]] = [[] for _ in counts]  # per bucket, per loader shard
+        for q in self.shards:
+            shard_rng = np.random.default_rng([self.seed, epoch, 3, q])
+            mine = self.owners[q]
+            for b, n_b in enumerate(counts):
+                members = mine[buckets[mine] == b]
+                if self.shuffle:
+                    members = shard_rng.permutation(members)
+                lb = int(self.local_batch_sizes[b])
+                padded = np.full(n_b * lb, PAD_INDEX, np.int64)
+                padded[: len(members)] = members
+                parts[b].append(padded.reshape(n_b, lb))
+        # rows[b]: (n_b, local batch) record indices of bucket b, padded; shards side by side.
+        rows = [np.concatenate(p, axis=1) for p in parts]
         taken = np.zeros(len(counts), np.int64)
         batches = []
         for b in sequence:
@@ -393,10 +407,10 @@ class Pipeline:
             f"<={bd:g}s: {bs}x{s}" for bd, (bs, s, _) in zip(spec.boundaries, spec.shapes())
         )
         plan = self.plan
-        mine = plan.owners[plan.process_index]
+        mine = sum(len(plan.owners[q]) for q in plan.shards)
         return (
             f"{self.index.num_records} utterances, {self.index.seconds / 3600:.2f} h; "
-            f"this process reads {len(mine)} of them from {len(self.load.shard_paths)} of "
+            f"this process reads {mine} of them from {len(self.load.shard_paths)} of "
             f"{len(self.index.shard_paths)} shards; {plan.batches_per_epoch} batches/epoch "
             f"({100 * plan.padding_fraction():.1f}% padding rows), "
             f"{len(plan.too_long)} longer than {spec.boundaries[-1]:g}s skipped; "
@@ -414,6 +428,7 @@ def make_pipeline(
     train: bool,
     process_index: int = 0,
     process_count: int = 1,
+    loader_shards: int = 0,
     num_workers: int = 0,
     prefetch: int = 2,
     speeds: Sequence[float] = (1.0,),
@@ -423,7 +438,9 @@ def make_pipeline(
 
     train=True: shuffled, epoch-repeated, with speed perturbation over ``speeds`` and the
     ``augment`` function applied to every waveform. train=False: one pass in corpus order,
-    no augmentation. Each process reads only the records of `owned_records`.
+    no augmentation. The corpus is split into ``loader_shards`` (0: one per process; else
+    a multiple of ``process_count``) by `owned_records`; each process serves a contiguous
+    run of them and reads only their records.
     """
     index = records.read_split_index(data_dir, split)
     if index.sample_rate != spec.sample_rate:
@@ -435,27 +452,34 @@ def make_pipeline(
         raise ValueError(f"process {process_index} of {process_count}?")
     if tuple(speeds) != (1.0,) and augment is None:
         raise ValueError("speed perturbation needs the augment function that applies it")
-    owners = [
-        owned_records(index.shard_num_records, q, process_count) for q in range(process_count)
-    ]
+    num_shards = loader_shards or process_count
+    if num_shards % process_count:
+        raise ValueError(
+            f"data.loader_shards={loader_shards} must be a multiple of the "
+            f"{process_count} processes"
+        )
+    owners = [owned_records(index.shard_num_records, q, num_shards) for q in range(num_shards)]
+    per = num_shards // process_count
+    mine = range(process_index * per, (process_index + 1) * per)
     plan = BatchPlan(
         index.durations,
         spec,
         seed=seed,
         shuffle=train,
         owners=owners,
-        process_index=process_index,
+        shards=mine,
         num_epochs=None if train else 1,
         speeds=speeds if train else (1.0,),
     )
-    by_shard = len(index.shard_paths) >= process_count
+    by_file = len(index.shard_paths) >= num_shards
+    files = sorted(f for q in mine for f in range(q, len(index.shard_paths), num_shards))
     load = LoadBatch(
-        index.shard_paths[process_index::process_count] if by_shard else index.shard_paths,
+        [index.shard_paths[f] for f in files] if by_file else index.shard_paths,
         tokenizer_dir,
         spec,
         with_text=not train,
         augment=augment if train else None,
         augment_seed=seed,
-        records_in_paths=owners[process_index] if by_shard else None,
+        records_in_paths=np.sort(np.concatenate([owners[q] for q in mine])) if by_file else None,
     )
     return Pipeline(plan, load, index, num_workers=num_workers, prefetch=prefetch)

@@ -1,4 +1,4 @@
-"""Device mesh from the config and host-local -> global batch assembly."""
+"""Multi-host start-up, the device mesh from the config, host-local <-> global batches."""
 
 from __future__ import annotations
 
@@ -7,17 +7,121 @@ from collections.abc import Mapping
 
 import jax
 import numpy as np
+from absl import flags
 from jax.sharding import AxisType, Mesh, NamedSharding
 
 from jaxspeech.parallel import rules
+
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address",
+    None,
+    "host:port of process 0's coordination service (multi-host runs without a cluster "
+    "manager JAX detects); the coordinator binds to exactly this address.",
+)
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the job.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index, 0-based.")
+_HEARTBEAT = flags.DEFINE_integer(
+    "heartbeat_timeout_s",
+    100,
+    "Seconds without a heartbeat after which a peer counts as dead and every process "
+    "stops with an error (instead of hanging in a collective).",
+)
 
 
 class MeshConfigError(ValueError):
     """The mesh in the config does not fit the devices."""
 
 
+class DistributedConfigError(ValueError):
+    """Inconsistent multi-host flags."""
+
+
+def _flag(holder: flags.FlagHolder, given):
+    """An explicit argument wins; else the parsed flag; else None."""
+    if given is not None:
+        return given
+    return holder.value if flags.FLAGS.is_parsed() else None
+
+
+def detected_cluster() -> str | None:
+    """Name of the cluster manager JAX would detect (TPU pod, SLURM, Open MPI, ...), or None.
+
+    Uses JAX's own detectors; opt-in ones (mpi4py) are skipped as JAX skips them.
+    """
+    try:
+        from jax._src import clusters
+    except ImportError:  # a JAX without the private module: no auto-detection
+        return None
+    for env in clusters.ClusterEnv._cluster_types:
+        if getattr(env, "opt_in_only_method", False):
+            continue
+        try:
+            if env.is_env_present():
+                return env.__name__
+        except Exception:  # noqa: BLE001 - a detector probing a metadata server may fail
+            continue
+    return None
+
+
+def initialize(
+    coordinator_address: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
+    *,
+    heartbeat_timeout_s: int | None = None,
+) -> str:
+    """Join a multi-process job, if this is one; returns how ("single", "flags", <cluster>).
+
+    With ``--coordinator_address/--num_processes/--process_id`` (or the arguments), calls
+    ``jax.distributed.initialize`` with them, and process 0's coordination service binds to
+    that address only (JAX's default binds all interfaces). Without them, a cluster
+    manager JAX detects (TPU pod, SLURM, Open MPI) supplies everything; otherwise this
+    is a single-process run and nothing happens. Must run before JAX touches a device.
+
+    Raises:
+      DistributedConfigError: some but not all of the three flags, or a bad value.
+    """
+    address = _flag(_COORDINATOR, coordinator_address)
+    count = _flag(_NUM_PROCESSES, num_processes)
+    index = _flag(_PROCESS_ID, process_id)
+    heartbeat = _flag(_HEARTBEAT, heartbeat_timeout_s) or 100
+    given = {"coordinator_address": address, "num_processes": count, "process_id": index}
+    if any(v is not None for v in given.values()):
+        missing = [k for k, v in given.items() if v is None]
+        if missing:
+            raise DistributedConfigError(
+                f"multi-host flags need all of --coordinator_address, --num_processes and "
+                f"--process_id; missing {', '.join('--' + m for m in missing)}"
+            )
+        if ":" not in address or not address.rsplit(":", 1)[1].isdigit():
+            raise DistributedConfigError(
+                f"--coordinator_address must be host:port, got {address!r}"
+            )
+        if count < 1 or not 0 <= index < count:
+            raise DistributedConfigError(
+                f"need --num_processes >= 1 and 0 <= --process_id < --num_processes, got "
+                f"{count} and {index}"
+            )
+        jax.distributed.initialize(
+            coordinator_address=address,
+            num_processes=count,
+            process_id=index,
+            coordinator_bind_address=address,
+            heartbeat_timeout_seconds=heartbeat,
+        )
+        return "flags"
+    cluster = detected_cluster()
+    if cluster is None:
+        return "single"
+    jax.distributed.initialize(heartbeat_timeout_seconds=heartbeat)
+    return cluster
+
+
 def resolve_mesh_shape(sizes: Mapping[str, int], num_devices: int) -> tuple[int, ...]:
-    """Sizes of (data, fsdp, tensor) with at most one -1 ("the rest of the devices")."""
+    """Sizes of (replica, data, fsdp, tensor) with at most one -1 ("the rest of the devices").
+
+    Axes not given are 1.
+    """
     unknown = [k for k in sizes if k not in rules.MESH_AXES]
     if unknown:
         raise MeshConfigError(f"unknown mesh axes {unknown}; expected {rules.MESH_AXES}")
@@ -42,17 +146,52 @@ def resolve_mesh_shape(sizes: Mapping[str, int], num_devices: int) -> tuple[int,
     return tuple(shape)
 
 
-def make_mesh(sizes: Mapping[str, int], devices: list | None = None) -> Mesh:
-    """A (data, fsdp, tensor) mesh over all (or the given) devices.
+def _replica_groups(devices: list, replicas: int) -> list[list] | None:
+    """Devices split into `replicas` groups along slow links: TPU slices if there are
+    exactly that many, else whole processes (hosts); None if neither fits. One process
+    (a simulated mesh) is split in device order."""
+    slices = sorted({getattr(d, "slice_index", 0) for d in devices})
+    if len(slices) == replicas > 1:
+        return [[d for d in devices if getattr(d, "slice_index", 0) == s] for s in slices]
+    procs = sorted({d.process_index for d in devices})
+    if len(procs) == 1:
+        per = len(devices) // replicas
+        return [devices[r * per : (r + 1) * per] for r in range(replicas)]
+    if len(procs) % replicas == 0:
+        per = len(procs) // replicas
+        return [
+            [d for d in devices if d.process_index in procs[r * per : (r + 1) * per]]
+            for r in range(replicas)
+        ]
+    return None
 
-    Axis types are Auto: shardings are given at jit boundaries and by
-    constraints, and XLA propagates the rest.
+
+def make_mesh(sizes: Mapping[str, int], devices: list | None = None) -> Mesh:
+    """A (replica, data, fsdp, tensor) mesh over all (or the given) devices.
+
+    Within a replica JAX orders devices for its fast interconnect (`jax.make_mesh`);
+    with replica > 1 every replica is one group of TPU slices or whole hosts, so only
+    the replica-axis collective (the gradient all-reduce) crosses the slow links.
+    Axis types are Auto: shardings are given at jit boundaries and by constraints,
+    and XLA propagates the rest.
     """
-    devices = jax.devices() if devices is None else devices
+    devices = jax.devices() if devices is None else list(devices)
     shape = resolve_mesh_shape(sizes, len(devices))
-    return jax.make_mesh(
-        shape, rules.MESH_AXES, axis_types=(AxisType.Auto,) * len(shape), devices=devices
-    )
+    axis_types = (AxisType.Auto,) * len(shape)
+    replicas = shape[0]
+    groups = _replica_groups(devices, replicas) if replicas > 1 else None
+    if replicas > 1 and groups is None:
+        raise MeshConfigError(
+            f"mesh.replica={replicas} must divide the {len({d.process_index for d in devices})} "
+            "processes (or equal the number of TPU slices): a replica is a group of whole hosts"
+        )
+    if groups is None:
+        return jax.make_mesh(shape, rules.MESH_AXES, axis_types=axis_types, devices=devices)
+    inner = [
+        jax.make_mesh(shape[1:], rules.MESH_AXES[1:], axis_types=axis_types[1:], devices=g).devices
+        for g in groups
+    ]
+    return Mesh(np.stack(inner), rules.MESH_AXES, axis_types=axis_types)
 
 
 def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
@@ -62,7 +201,7 @@ def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
 
 def num_batch_shards(mesh: Mesh) -> int:
     """How many ways the batch dimension is split (global batch sizes must divide by it)."""
-    return mesh.shape["data"] * mesh.shape["fsdp"]
+    return mesh.shape["replica"] * mesh.shape["data"] * mesh.shape["fsdp"]
 
 
 def host_to_global(mesh: Mesh, local: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:

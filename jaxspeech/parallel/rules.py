@@ -13,11 +13,13 @@ from collections.abc import Sequence
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-MESH_AXES = ("data", "fsdp", "tensor")
+# Outermost first: `replica` groups devices joined by slow links (hosts, TPU slices over
+# DCN); parameters are replicated across it and only gradients cross it, once per step.
+MESH_AXES = ("replica", "data", "fsdp", "tensor")
 
 # logical name -> mesh axis (or tuple of axes, or None = replicated).
 DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
-    ("batch", ("data", "fsdp")),  # examples split over every data-like axis
+    ("batch", ("replica", "data", "fsdp")),  # examples split over every data-like axis
     ("embed", "fsdp"),  # FSDP: parameters sharded on their model dimension
     ("mlp", "tensor"),  # tensor parallelism: feed-forward hidden units
     ("heads", "tensor"),  # tensor parallelism: attention heads
@@ -94,37 +96,108 @@ def constrain(x: jax.Array, logical: Sequence[str | None]) -> jax.Array:
     return jax.lax.with_sharding_constraint(x, spec)
 
 
-def state_shardings(state, mesh: Mesh) -> dict:
-    """Pure nested dict of NamedShardings for an (abstract) `nnx.State`.
+def state_axes(state) -> dict:
+    """Pure nested dict of logical-axis tuples (or None) for an (abstract) `nnx.State`.
 
     Each variable's logical axes come from its `out_sharding` metadata (set by
-    `nnx.with_partitioning`); variables without it are replicated.
+    `nnx.with_partitioning`); scanned layers add a leading unnamed axis.
     """
     from flax import nnx
 
     out: dict = {}
     for path, var in nnx.to_flat_state(state):
-        axes = var.get_metadata().get("out_sharding")
         node = out
         for key in path[:-1]:
             node = node.setdefault(key, {})
+        node[path[-1]] = var.get_metadata().get("out_sharding")
+    return out
+
+
+def state_shardings(state, mesh: Mesh) -> dict:
+    """Pure nested dict of NamedShardings for an (abstract) `nnx.State` (variables without
+    logical axes are replicated)."""
+    from flax import nnx
+
+    out: dict = {}
+    for path, var in nnx.to_flat_state(state):
+        node = out
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        axes = var.get_metadata().get("out_sharding")
         node[path[-1]] = named_sharding(mesh, var.get_value().shape, axes)
     return out
 
 
-def describe_shardings(abstract_tree: dict, shardings: dict, mesh: Mesh) -> str:
-    """A short start-up summary: parameter count, bytes per device, arrays not fully sharded."""
+def _flat(tree: dict, prefix: tuple = ()) -> list[tuple[tuple, object]]:
+    out = []
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            out.extend(_flat(v, prefix + (k,)))
+        else:
+            out.append((prefix + (k,), v))
+    return out
+
+
+def bytes_per_device(abstract_tree: dict, shardings: dict, mesh: Mesh) -> int:
+    """Bytes of `abstract_tree`'s arrays that each device holds under `shardings`."""
     leaves = jax.tree.leaves(abstract_tree)
     shards = jax.tree.leaves(shardings, is_leaf=lambda x: isinstance(x, NamedSharding))
-    total = sum(int(x.size) for x in leaves)
-    per_device = sum(
+    return sum(
         int(x.size) * x.dtype.itemsize // max(1, _spec_size(s.spec, mesh))
         for x, s in zip(leaves, shards)
     )
-    return (
+
+
+def describe_shardings(
+    abstract_tree: dict,
+    shardings: dict,
+    mesh: Mesh,
+    axes: dict | None = None,
+    *,
+    optimizer_copies: int = 2,
+) -> str:
+    """The start-up summary: one row per parameter (shape, logical axes, mesh sharding,
+    KiB per device), then totals per device for parameters and optimizer state.
+
+    Rows of unscanned layers that differ only in their layer number are merged
+    (`blocks.*`, with a count). A mesh axis a dimension does not divide is dropped
+    (the dimension is replicated); such rows are marked `!`.
+    """
+    axes_flat = dict(_flat(axes)) if axes else {}
+    rows: dict[tuple, list] = {}
+    for (path, x), (_, s) in zip(_flat(abstract_tree), _flat(shardings)):
+        name = ".".join("*" if str(k).isdigit() else str(k) for k in path)
+        logical = axes_flat.get(path)
+        wanted = logical_to_spec(logical) if logical is not None else PartitionSpec()
+        dropped = any(
+            w is not None and g is None for w, g in zip(wanted, list(s.spec) + [None] * len(wanted))
+        )
+        kib = int(x.size) * x.dtype.itemsize / max(1, _spec_size(s.spec, mesh)) / 1024
+        key = (name, tuple(x.shape), str(logical), str(tuple(s.spec)), dropped)
+        rows.setdefault(key, [0, kib])[0] += 1
+    width = max([len(k[0]) for k in rows] + [9])
+    lines = [
+        f"{'parameter':<{width}}  {'shape':<18} {'logical axes':<34} {'mesh axes':<30} KiB/dev"
+    ]
+    for (name, shape, logical, spec, dropped), (count, kib) in rows.items():
+        label = name + (f" x{count}" if count > 1 else "")
+        logical = logical.replace("None", "-").replace("'", "")
+        spec = spec.replace("None", "-").replace("'", "") + (" !" if dropped else "")
+        lines.append(f"{label:<{width}}  {str(shape):<18} {logical:<34} {spec:<30} {kib:8.1f}")
+    leaves = jax.tree.leaves(abstract_tree)
+    total = sum(int(x.size) for x in leaves)
+    per_device = bytes_per_device(abstract_tree, shardings, mesh)
+    lines.append(
         f"{total / 1e6:.2f}M parameters in {len(leaves)} arrays; mesh {dict(mesh.shape)}; "
-        f"{per_device / 2**20:.1f} MiB of parameters per device"
+        f"per device: {per_device / 2**20:.1f} MiB of parameters + "
+        f"{optimizer_copies * per_device / 2**20:.1f} MiB of optimizer moments"
+        + (
+            "; ! = a mesh axis that does not divide the dimension was dropped"
+            if any(k[4] for k in rows)
+            else ""
+        )
     )
+    return "\n".join(lines)
 
 
 def _spec_size(spec: PartitionSpec, mesh: Mesh) -> int:

@@ -275,3 +275,30 @@ def test_iterator_state_restore_is_exact(corpus, num_workers):
     plain = speed_only.load(speed_only.plan[step])
     np.testing.assert_array_equal(plain["audio_len"], expected[0]["audio_len"])
     assert not np.allclose(plain["audio"], expected[0]["audio"], atol=1e-3)
+
+
+@pytest.mark.parametrize("speeds", [(1.0,), (0.9, 1.0, 1.1)])
+def test_fixed_loader_shards_give_the_same_global_batches_on_any_process_count(corpus, speeds):
+    """With data.loader_shards = 2, one process serving both loader shards sees exactly the
+    global batches that two processes assemble (rows in process order), loaded data too."""
+    root, _ = corpus
+    aug = augment.WaveformAugmenter(augment.WaveformAugmentConfig(speeds=speeds), SR)
+    kw = dict(speeds=speeds, augment=aug, loader_shards=2, spec=spec(2))
+    one = _pipe(root, 0, 1, **kw)
+    two = [_pipe(root, p, 2, **kw) for p in range(2)]
+    assert len(one.load.shard_paths) == 3  # the lone process opens every file
+    for step in range(2 * one.plan.batches_in_epoch(0)):
+        whole = one.plan[step]
+        halves = [p.plan[step] for p in two]
+        assert whole.bucket == halves[0].bucket == halves[1].bucket
+        np.testing.assert_array_equal(whole.indices, np.concatenate([h.indices for h in halves]))
+        np.testing.assert_array_equal(whole.speeds, np.concatenate([h.speeds for h in halves]))
+    for step in (0, 5):
+        got = one.load(one.plan[step])
+        parts = [p.load(p.plan[step]) for p in two]
+        for k in got:
+            np.testing.assert_array_equal(got[k], np.concatenate([p[k] for p in parts]))
+    # Default (one loader shard per process) is what the two-process test above checks; a
+    # count that is not a multiple of the processes is refused.
+    with pytest.raises(ValueError, match="multiple of the 2 processes"):
+        _pipe(root, 0, 2, loader_shards=3, spec=spec(6))

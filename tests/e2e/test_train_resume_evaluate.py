@@ -2,8 +2,6 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -13,50 +11,14 @@ from jaxspeech import checkpoint as ckpt_lib
 from jaxspeech import evaluate as eval_lib
 from jaxspeech.data.tokenizer import Tokenizer
 from jaxspeech.parallel import mesh as mesh_lib
+from tests.e2e.cli import run_module
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 pytestmark = pytest.mark.slow
 
 
 def run(*args, check=True):
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")  # one CPU device, as users run it
-    proc = subprocess.run(
-        [sys.executable, "-m", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    if check and proc.returncode != 0:
-        raise AssertionError(
-            f"{args} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr[-4000:]}"
-        )
-    return proc
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    root = tmp_path_factory.mktemp("e2e")
-    raw, shards = root / "raw", root / "shards"
-    run("data_prep.synth_demo", "--output", str(raw), "--hours", "0.06", "--seed", "1")
-    for split in ("train", "dev", "test"):
-        run(
-            "data_prep.prepare",
-            "--format",
-            "manifest",
-            "--input",
-            str(raw / split / "manifest.jsonl"),
-            "--output",
-            str(shards),
-            "--split",
-            split,
-            "--tokenizer",
-            "char",
-            "--direct_running_mode=in_memory",  # one process: quickest for a tiny corpus
-            "--direct_num_workers=1",
-        )
-    return root, shards
+    return run_module(*args, check=check)
 
 
 def train(workdir, shards, *extra):
@@ -87,12 +49,12 @@ def test_train_resume_matches_uninterrupted_and_evaluates(corpus):
     root, shards = corpus
     straight, resumed = root / "straight", root / "resumed"
     out = train(straight, shards).stdout
-    assert "step 8/8" in out and "eval step 8: dev" in out
+    assert "100% 8/8" in out and "eval step 8: dev" in out
 
     first = train(resumed, shards, "--config.train.run_steps=4").stdout
     assert "stopping at step 4 of 8" in first
     second = train(resumed, shards).stdout
-    assert "resumed from step 4" in second and "step 8/8" in second
+    assert "resumed from step 4" in second and "100% 8/8" in second
 
     step_a, a = final_params(straight)
     step_b, b = final_params(resumed)

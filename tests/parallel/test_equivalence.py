@@ -1,8 +1,10 @@
-"""The same train step on 1 device and on 8-device (data, fsdp, tensor) meshes."""
+"""The same train step on 1 device and on 8-device (replica, data, fsdp, tensor) meshes;
+gradient accumulation and bf16 compute against the plain float32 step."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import nnx
 
@@ -27,13 +29,26 @@ def _batch(b=8, s=16000, u=6):
     }
 
 
-def _run_step(mesh_shape, head="ctc", rnnt_loss="pruned"):
+def _run_step(
+    mesh_shape, head="ctc", rnnt_loss="pruned", *, grad_accum=1, dtype="float32", plain=False
+):
+    """One train step; returns (loss, grad norm, parameter change, new params).
+
+    plain=True: no SpecAugment and an optimizer whose update is the gradient itself
+    (`optax.identity`), so the parameter change IS the gradient (micro-batches draw their
+    own augmentation, and Adam's normalization would hide gradient scale errors).
+    """
     config = demo.get_config("tiny")
     config.model.conformer.dim = 16
     config.model.conformer.num_heads = 2
     config.model.head = head
+    config.model.dtype = dtype
     config.loss.rnnt = rnnt_loss
-    config.mesh.data, config.mesh.fsdp, config.mesh.tensor = mesh_shape
+    if plain:
+        config.specaug.enabled = False
+    if len(mesh_shape) == 3:
+        mesh_shape = (1,) + tuple(mesh_shape)
+    config.mesh.replica, config.mesh.data, config.mesh.fsdp, config.mesh.tensor = mesh_shape
     n = int(np.prod(mesh_shape))
     mesh = mesh_lib.make_mesh(config.mesh.to_dict(), devices=jax.devices()[:n])
     graphdef, _, _, p_shard, v_shard = eval_lib.abstract_model(config, VOCAB, mesh)
@@ -48,11 +63,11 @@ def _run_step(mesh_shape, head="ctc", rnnt_loss="pruned"):
         },
         v_shard,
     )
-    tx, _ = optim.make_optimizer(config.optim, 10)
+    tx = optax.identity() if plain else optim.make_optimizer(config.optim, 10)[0]
     opt_state, o_shard = init_opt_state(tx, params, mesh)
     batch = mesh_lib.host_to_global(mesh, _batch())
     step = jax.jit(
-        make_train_step(graphdef, tx, 0, 0, config.loss),
+        make_train_step(graphdef, tx, 0, 0, config.loss, grad_accum=grad_accum),
         in_shardings=(p_shard, v_shard, o_shard, None, None),
         out_shardings=(p_shard, o_shard, None),
     )
@@ -76,7 +91,11 @@ def _assert_same_step(got, want):
     )
 
 
-@pytest.mark.parametrize("mesh_shape", [(8, 1, 1), (2, 2, 2), (4, 2, 1), (1, 4, 2)])
+@pytest.mark.parametrize(
+    # (8), (4, 2) and (2, 2, 2) are also in the gradient test below; here the AdamW update.
+    "mesh_shape",
+    [(8, 1, 1), (1, 4, 2), (2, 2, 2, 1), (2, 1, 2, 2)],
+)
 def test_step_equals_single_device(single, mesh_shape):
     loss1, gn1, delta1, _ = single
     loss8, gn8, delta8, params8 = _run_step(mesh_shape)
@@ -86,7 +105,7 @@ def test_step_equals_single_device(single, mesh_shape):
         lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4), delta8, delta1
     )
     # Parameters really are sharded as the rules say on a (data, fsdp, tensor) mesh.
-    if mesh_shape[1] > 1:
+    if mesh_shape[-2] > 1:
         # Scanned layers: (layers, embed, mlp) -> (replicated, fsdp, tensor if divisible).
         kernel = params8["encoder"]["blocks"]["ff1"]["up"]["kernel"]
         assert kernel.sharding.spec[0] is None and kernel.sharding.spec[1] == "fsdp"
@@ -101,3 +120,40 @@ def test_transducer_step_equals_single_device(head, rnnt_loss):
     params = got[3]["transducer"]
     # Joiner projections (embed, mlp) are sharded over (fsdp, tensor) like feed-forwards.
     assert tuple(params["joiner"]["enc_proj"]["kernel"].sharding.spec) == ("fsdp", "tensor")
+
+
+@pytest.fixture(scope="module")
+def single_plain():
+    return _run_step((1, 1, 1), plain=True)
+
+
+@pytest.mark.parametrize("mesh_shape", [(8, 1, 1), (4, 2, 1), (2, 2, 2)])
+def test_gradients_equal_single_device(single_plain, mesh_shape):
+    """With the identity optimizer the parameter change is the gradient: equal to 1e-5."""
+    loss1, _, grads1, _ = single_plain
+    loss8, _, grads8, _ = _run_step(mesh_shape, plain=True)
+    np.testing.assert_allclose(loss8, loss1, rtol=1e-5)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), grads8, grads1)
+    assert max(float(np.abs(g).max()) for g in jax.tree.leaves(grads1)) > 1e-3  # not all ~0
+
+
+@pytest.mark.parametrize("mesh_shape,head", [((1, 1, 1), "ctc"), ((2, 2, 2), "ctc+rnnt")])
+def test_gradient_accumulation_equals_one_pass(mesh_shape, head):
+    """Two micro-batches give the loss and gradient of the whole batch (sums, not means of
+    means: the per-token normalization uses the whole batch's tokens)."""
+    want = _run_step(mesh_shape, head, plain=True)
+    got = _run_step(mesh_shape, head, grad_accum=2, plain=True)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), got[2], want[2])
+
+
+def test_bf16_compute_keeps_float32_parameters_and_close_loss(single_plain):
+    loss32, _, grads32, _ = single_plain
+    loss16, _, grads16, params16 = _run_step((2, 2, 2), dtype="bfloat16", plain=True)
+    assert all(p.dtype == jnp.float32 for p in jax.tree.leaves(params16))
+    assert all(g.dtype == np.float32 for g in jax.tree.leaves(grads16))
+    # bf16 has an 8-bit mantissa: the loss agrees to ~1%, gradients point the same way.
+    np.testing.assert_allclose(loss16, loss32, rtol=2e-2)
+    a = np.concatenate([g.ravel() for g in jax.tree.leaves(grads16)])
+    b = np.concatenate([g.ravel() for g in jax.tree.leaves(grads32)])
+    assert float(a @ b / np.linalg.norm(a) / np.linalg.norm(b)) > 0.98
