@@ -165,3 +165,27 @@ def test_user_mistakes_give_one_clear_error(corpus, tmp_path):
     assert head.returncode == 2 and "unknown head" in head.stderr and "Traceback" not in head.stderr
     no_run = run("jaxspeech.evaluate", "--workdir", str(tmp_path / "d"), check=False)
     assert no_run.returncode == 2 and "not a jaxspeech run directory" in no_run.stderr
+
+
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["--coordinator_address=127.0.0.1:1234"], "missing --num_processes, --process_id"),
+        (["--config.train.grad_accum=0"], "train.grad_accum must be >= 1"),
+        (["--config.data.loader_shards=-1"], "data.loader_shards=-1"),
+        (["--config.mesh.replica=3"], "cannot use 1 devices"),
+    ],
+)
+def test_distributed_settings_mistakes_give_one_clear_error(corpus, tmp_path, extra, message):
+    _, shards = corpus
+    proc = run(
+        "jaxspeech.train",
+        "--config",
+        "configs/demo.py:tiny",
+        "--workdir",
+        str(tmp_path / "run"),
+        f"--config.data.dir={shards}",
+        *extra,
+        check=False,
+    )
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr

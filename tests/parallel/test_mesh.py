@@ -1,0 +1,83 @@
+"""Mesh from the config (replica axis, -1), replica groups along slow links, the logical
+rules, and the multi-host start-up's argument checks."""
+
+from types import SimpleNamespace
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from jaxspeech.parallel import mesh as mesh_lib
+from jaxspeech.parallel import rules
+
+
+def test_resolve_mesh_shape_fills_the_rest_and_defaults_to_one():
+    assert mesh_lib.resolve_mesh_shape({"data": -1}, 8) == (1, 8, 1, 1)
+    assert mesh_lib.resolve_mesh_shape({"replica": 2, "fsdp": -1, "tensor": 2}, 8) == (2, 1, 2, 2)
+    for sizes, message in [
+        ({"data": -1, "fsdp": -1}, "at most one"),
+        ({"data": 3}, "needs 3 devices"),
+        ({"data": -1, "tensor": 3}, "not a multiple of 3"),
+        ({"pipeline": 2}, "unknown mesh axes"),
+        ({"data": 0}, "positive"),
+    ]:
+        with pytest.raises(mesh_lib.MeshConfigError, match=message):
+            mesh_lib.resolve_mesh_shape(sizes, 8)
+
+
+def test_replica_mesh_on_the_simulated_devices():
+    mesh = mesh_lib.make_mesh({"replica": 2, "data": 2, "fsdp": -1})
+    assert dict(mesh.shape) == {"replica": 2, "data": 2, "fsdp": 2, "tensor": 1}
+    # One process: each replica is a contiguous half of the devices.
+    ids = np.vectorize(lambda d: d.id)(mesh.devices)
+    assert set(ids[0].ravel()) == {0, 1, 2, 3} and set(ids[1].ravel()) == {4, 5, 6, 7}
+    assert mesh_lib.num_batch_shards(mesh) == 8
+    assert mesh_lib.batch_sharding(mesh, 2).spec == P(("replica", "data", "fsdp"), None)
+
+
+def _fake(i, process, slice_index=0):
+    return SimpleNamespace(id=i, process_index=process, slice_index=slice_index)
+
+
+def test_replica_groups_are_whole_hosts_or_slices():
+    hosts = [_fake(i, i // 2) for i in range(8)]  # 4 hosts x 2 devices
+    groups = mesh_lib._replica_groups(hosts, 2)
+    assert [[d.process_index for d in g] for g in groups] == [[0, 0, 1, 1], [2, 2, 3, 3]]
+    assert mesh_lib._replica_groups(hosts, 3) is None  # 4 hosts do not split in 3
+    slices = [_fake(i, i // 2, slice_index=i // 4) for i in range(8)]  # 2 TPU slices
+    groups = mesh_lib._replica_groups(slices, 2)
+    assert [{d.slice_index for d in g} for g in groups] == [{0}, {1}]
+
+
+def test_rules_put_the_batch_on_every_data_axis_and_each_mesh_axis_once():
+    spec = rules.logical_to_spec(("batch", "time", "embed"))
+    assert spec == P(("replica", "data", "fsdp"), None, None)  # embed loses fsdp to batch
+    assert rules.logical_to_spec(("embed", "mlp")) == P("fsdp", "tensor")
+    with pytest.raises(KeyError, match="no rule"):
+        rules.logical_to_spec(("pipeline_stage",))
+    mesh = mesh_lib.make_mesh({"fsdp": 4, "tensor": 2})
+    # 29 symbols do not split over 2 tensor shards: that dimension is replicated instead.
+    assert rules.named_sharding(mesh, (32, 29), ("embed", "vocab")).spec == P("fsdp", None)
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(coordinator_address="127.0.0.1:1234"), "missing --num_processes, --process_id"),
+        (dict(coordinator_address="localhost", num_processes=2, process_id=0), "host:port"),
+        (dict(coordinator_address="127.0.0.1:1234", num_processes=2, process_id=2), "0 <="),
+        (dict(num_processes=2, process_id=0), "missing --coordinator_address"),
+    ],
+)
+def test_initialize_refuses_incomplete_or_bad_flags(kwargs, message):
+    with pytest.raises(mesh_lib.DistributedConfigError, match=message):
+        mesh_lib.initialize(**kwargs)
+
+
+def test_initialize_without_flags_or_cluster_is_a_single_process(monkeypatch):
+    for var in ("OMPI_MCA_orte_hnp_uri", "SLURM_JOB_ID", "KUBERNETES_SERVICE_HOST"):
+        monkeypatch.delenv(var, raising=False)
+    assert mesh_lib.detected_cluster() is None
+    assert mesh_lib.initialize() == "single"
+    assert jax.process_count() == 1
