@@ -131,7 +131,7 @@ def time_train_step(config, data_dir: str, spec, num_steps: int) -> dict:
         v_shard,
     )
     tx, _ = optim.make_optimizer(config.optim, int(config.train.num_steps))
-    opt_state, o_shard = train_lib.init_opt_state(tx, params, mesh)
+    opt_state, o_shard = train_lib.init_opt_state(tx, params, mesh, p_shard)
     step_fn = jax.jit(
         train_lib.make_train_step(graphdef, tx, config.seed, tokenizer.blank_id, config.loss),
         out_shardings=(p_shard, o_shard, None),

@@ -319,21 +319,25 @@ def make_train_step(
     return train_step
 
 
-def init_opt_state(tx: optax.GradientTransformation, params: dict, mesh) -> tuple:
-    """Optimizer state laid out like the parameters (moments inherit their shardings).
+def init_opt_state(
+    tx: optax.GradientTransformation, params: dict, mesh, param_shardings: dict
+) -> tuple:
+    """Optimizer state with every parameter-shaped leaf (Adam's moments) sharded exactly
+    like its parameter, so FSDP shards optimizer memory too; other leaves (step counts)
+    are replicated. Returns (state, its shardings).
 
-    Scalars such as Adam's step count come out of XLA on one device; they are
-    replicated over the mesh so the jitted step sees one consistent device set.
+    The shardings are given to `jit` explicitly: the moments are zeros that depend on no
+    parameter value, so XLA alone would put them on one device.
     """
-    opt_state = jax.jit(tx.init)(params)
     replicated = NamedSharding(mesh, PartitionSpec())
-
-    def on_mesh(x):
-        s = x.sharding
-        return s if isinstance(s, NamedSharding) and s.mesh == mesh else replicated
-
-    shardings = jax.tree.map(on_mesh, opt_state)
-    return jax.device_put(opt_state, shardings), shardings
+    shardings = optax.tree_map_params(
+        tx,
+        lambda _, sharding: sharding,
+        jax.eval_shape(tx.init, params),
+        param_shardings,
+        transform_non_params=lambda _: replicated,
+    )
+    return jax.jit(tx.init, out_shardings=shardings)(params), shardings
 
 
 # ---------------------------------------------------------------- monitoring
@@ -500,7 +504,7 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
     )
     num_steps = int(config.train.num_steps)
     tx, schedule = optim.make_optimizer(config.optim, num_steps)
-    opt_state, o_shard = init_opt_state(tx, params, mesh)
+    opt_state, o_shard = init_opt_state(tx, params, mesh, p_shard)
 
     # ---------------------------------------------------------- restore
     replicated = NamedSharding(mesh, PartitionSpec())

@@ -30,7 +30,14 @@ def _batch(b=8, s=16000, u=6):
 
 
 def _run_step(
-    mesh_shape, head="ctc", rnnt_loss="pruned", *, grad_accum=1, dtype="float32", plain=False
+    mesh_shape,
+    head="ctc",
+    rnnt_loss="pruned",
+    *,
+    grad_accum=1,
+    dtype="float32",
+    plain=False,
+    with_opt_state=False,
 ):
     """One train step; returns (loss, grad norm, parameter change, new params).
 
@@ -64,7 +71,7 @@ def _run_step(
         v_shard,
     )
     tx = optax.identity() if plain else optim.make_optimizer(config.optim, 10)[0]
-    opt_state, o_shard = init_opt_state(tx, params, mesh)
+    opt_state, o_shard = init_opt_state(tx, params, mesh, p_shard)
     batch = mesh_lib.host_to_global(mesh, _batch())
     step = jax.jit(
         make_train_step(graphdef, tx, 0, 0, config.loss, grad_accum=grad_accum),
@@ -72,9 +79,10 @@ def _run_step(
         out_shardings=(p_shard, o_shard, None),
     )
     with jax.set_mesh(mesh):
-        new_params, _, metrics = step(params, model_vars, opt_state, batch, jnp.int32(3))
+        new_params, new_opt, metrics = step(params, model_vars, opt_state, batch, jnp.int32(3))
     grads_proxy = jax.tree.map(lambda a, b: np.asarray(a) - np.asarray(b), new_params, params)
-    return float(metrics["loss"]), float(metrics["grad_norm"]), grads_proxy, new_params
+    out = float(metrics["loss"]), float(metrics["grad_norm"]), grads_proxy, new_params
+    return out + (new_opt,) if with_opt_state else out
 
 
 @pytest.fixture(scope="module")
@@ -98,17 +106,21 @@ def _assert_same_step(got, want):
 )
 def test_step_equals_single_device(single, mesh_shape):
     loss1, gn1, delta1, _ = single
-    loss8, gn8, delta8, params8 = _run_step(mesh_shape)
+    loss8, gn8, delta8, params8, opt8 = _run_step(mesh_shape, with_opt_state=True)
     np.testing.assert_allclose(loss8, loss1, rtol=1e-5)
     np.testing.assert_allclose(gn8, gn1, rtol=1e-5)
     jax.tree.map(
         lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4), delta8, delta1
     )
-    # Parameters really are sharded as the rules say on a (data, fsdp, tensor) mesh.
+    # Parameters really are sharded as the rules say on a (data, fsdp, tensor) mesh, and
+    # so are their Adam moments (FSDP shards optimizer memory too).
     if mesh_shape[-2] > 1:
         # Scanned layers: (layers, embed, mlp) -> (replicated, fsdp, tensor if divisible).
         kernel = params8["encoder"]["blocks"]["ff1"]["up"]["kernel"]
         assert kernel.sharding.spec[0] is None and kernel.sharding.spec[1] == "fsdp"
+        adam = opt8[1][0]  # chain(clip, adamw): adamw's ScaleByAdamState
+        for moment in (adam.mu, adam.nu):
+            assert moment["encoder"]["blocks"]["ff1"]["up"]["kernel"].sharding == kernel.sharding
 
 
 @pytest.mark.parametrize("head,rnnt_loss", [("ctc+rnnt", "pruned"), ("rnnt", "full")])
