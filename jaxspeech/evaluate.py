@@ -289,16 +289,17 @@ def evaluate_workdir(
     restored = ckpt.restore(step, abstract_model={"params": abs_params, "model_vars": abs_vars})
     model_state = restored[ckpt_lib.MODEL]
     ckpt.close()
-    result = evaluate_split(
-        config=config,
-        decode_fn=make_decode_fn(graphdef, config, tokenizer.blank_id),
-        params=model_state["params"],
-        model_vars=model_state["model_vars"],
-        mesh=mesh,
-        data_dir=data_dir,
-        split=split,
-        tokenizer_dir=tokenizer_dir,
-    )
+    with jax.set_mesh(mesh):  # the models' logical-axis constraints take effect
+        result = evaluate_split(
+            config=config,
+            decode_fn=make_decode_fn(graphdef, config, tokenizer.blank_id),
+            params=model_state["params"],
+            model_vars=model_state["model_vars"],
+            mesh=mesh,
+            data_dir=data_dir,
+            split=split,
+            tokenizer_dir=tokenizer_dir,
+        )
     result["step"] = step
     # Runs decoded another way than the run's own config keep their own file.
     tag = f"-{decoding_method(config)}-beam{config.decoding.beam}" if method or beam else ""
@@ -312,6 +313,7 @@ FLAGS = flags.FLAGS
 def main(argv: list[str]) -> None:
     del argv
     try:
+        mesh_lib.initialize()  # multi-host flags or cluster detection, as in training
         result = evaluate_workdir(
             FLAGS.workdir, FLAGS.data, FLAGS.split, FLAGS.step, FLAGS.method, FLAGS.beam
         )

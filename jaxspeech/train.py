@@ -347,14 +347,15 @@ def step_flops(config: ConfigDict, vocab_size: int, blank_id: int, batch_shapes:
     XLA's cost analysis counts a while-loop body once, whatever its trip count, and
     counts rematerialized work twice; model FLOPs (the MFU numerator) are neither. So
     the count comes from lowering (never compiling or running) the same step with the
-    Conformer's layers unrolled and no rematerialization, on abstract arguments. Loops
-    over time (an LSTM encoder's recurrence, the transducer loss recursions) are still
+    Conformer's layers and the transducer loss's chunks unrolled and no
+    rematerialization, on abstract arguments. Loops over time (an LSTM encoder's recurrence, the transducer loss recursions) are still
     counted once: for an LSTM encoder the figure is a lower bound.
     """
     c = ConfigDict(config.to_dict())
     if "conformer" in c.model:
         c.model.conformer.scan_layers = False
         c.model.conformer.remat = "none"
+    c.loss.frames_per_chunk = None  # the transducer joiner's chunk loop, unrolled likewise
     model = nnx.eval_shape(lambda: eval_lib.make_model(c, vocab_size, 0))
     graphdef, params, model_vars = nnx.split(model, nnx.Param, eval_lib.FeatureStats)
     params, model_vars = nnx.to_pure_dict(params), nnx.to_pure_dict(model_vars)
@@ -411,7 +412,6 @@ def make_features_fn(graphdef) -> Callable:
 # ---------------------------------------------------------------- train_and_evaluate
 def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
     """Trains `config` in `workdir` (resuming if it holds checkpoints); returns the final eval."""
-    # ---------------------------------------------------------- setup
     if not os.path.isdir(config.data.dir):
         raise UserError(
             f"data directory {config.data.dir!r} does not exist; prepare it with "
@@ -421,6 +421,14 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
         mesh = mesh_lib.make_mesh(config.mesh.to_dict())
     except mesh_lib.MeshConfigError as e:
         raise UserError(str(e)) from e
+    return _train_and_evaluate(config, workdir, mesh)
+
+
+def _train_and_evaluate(config: ConfigDict, workdir: str, mesh) -> dict:
+    # ---------------------------------------------------------- setup
+    # Models are built outside the mesh context (Flax would read their logical axis names
+    # as mesh axes); every jitted function is traced inside it (`jax.set_mesh` below), so
+    # the models' logical-axis constraints (rules.constrain) take effect.
     os.makedirs(workdir, exist_ok=True)
     if jax.process_index() == 0:
         with open(os.path.join(workdir, "config.json"), "w") as f:
@@ -565,16 +573,18 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
         if key not in compiled:
             with goodput.phase("compile"):
                 shapes = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in batch.items()}
-                exe = train_step.lower(
-                    params, model_vars, opt_state, batch, jnp.int32(step)
-                ).compile()
+                with jax.set_mesh(mesh):
+                    lowered = train_step.lower(
+                        params, model_vars, opt_state, batch, jnp.int32(step)
+                    )
+                exe = lowered.compile()
                 flops = step_flops(config, tokenizer.vocab_size, tokenizer.blank_id, shapes)
                 compiled[key] = (exe, flops)
                 log(describe_compiled(exe, shapes, flops, sr))
         return compiled[key]
 
     def run_eval(step: int) -> dict:
-        with goodput.phase("eval"):
+        with goodput.phase("eval"), jax.set_mesh(mesh):
             result = eval_lib.evaluate_split(
                 config=config,
                 decode_fn=decode_fn,
@@ -609,7 +619,7 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
     def show_samples(step: int, local: dict) -> None:
         """Decoded training rows next to their references, and spectrograms of a few rows
         before and after SpecAugment, to the console and TensorBoard."""
-        with goodput.phase("eval"):
+        with goodput.phase("eval"), jax.set_mesh(mesh):
             rows = peek_rows(local, peek_rows_global // jax.process_count(), peek_samples)
             arrays = mesh_lib.host_to_global(mesh, {k: rows[k] for k in ("audio", "audio_len")})
             out = decode_fn(params, model_vars, arrays["audio"], arrays["audio_len"])

@@ -93,7 +93,8 @@ def test_step_flops_counts_every_layer_like_the_matmul_arithmetic():
         + 2 * r * d * d  # relative position projection
         + 2 * b * t * t * d * 2  # content scores and context
         + 2 * b * t * r * d  # position scores (before the relative shift)
-        + 2 * b * t * d * 2 * d + 2 * b * t * d * d  # conv module pointwise 1 and 2
+        + 2 * b * t * d * 2 * d
+        + 2 * b * t * d * d  # conv module pointwise 1 and 2
         + 2 * b * t * d * (32 + k - 1)  # depthwise conv as 32-frame band matmuls
     )
     per_block = (f4 - f2) / 2

@@ -17,6 +17,7 @@ import numpy as np
 from flax import nnx, struct
 
 from jaxspeech.audio import augment, features
+from jaxspeech.parallel.rules import map_batch_shards
 
 
 class FeatureStats(nnx.Variable):
@@ -65,7 +66,11 @@ class Frontend(nnx.Module):
         lengths = features.num_frames(audio_len_b, self.cfg.hop_length)
         # Whatever lies past a row's length must not reach its last frames' windows.
         valid = jnp.arange(audio_bs.shape[1])[None, :] < audio_len_b[:, None]
-        feats = features.log_mel(jnp.where(valid, audio_bs, 0.0), self.cfg)
+        # Each device transforms its own rows (see rules.map_batch_shards: XLA would
+        # otherwise gather the batch for the FFT).
+        feats = map_batch_shards(
+            lambda a: features.log_mel(a, self.cfg), jnp.where(valid, audio_bs, 0.0)
+        )
         augmenting = train and self.specaug is not None
         if augmenting and rngs is None:
             raise ValueError("augmentation needs rngs when train=True")

@@ -96,6 +96,33 @@ def constrain(x: jax.Array, logical: Sequence[str | None]) -> jax.Array:
     return jax.lax.with_sharding_constraint(x, spec)
 
 
+def map_batch_shards(fn, *args):
+    """fn(*args) on each device's own rows of batch-leading arrays: `jax.shard_map` over the
+    batch's mesh axes of the current mesh; plain fn(*args) outside a mesh, or when the
+    batch does not split evenly.
+
+    For operations XLA's partitioner does not split along the batch (an FFT on a
+    batch-sharded array is all-gathered first, so every device would transform the whole
+    global batch): fn must treat rows independently.
+    """
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return fn(*args)
+    axes = logical_to_spec(("batch",))[0]
+    names = (axes,) if isinstance(axes, str) else tuple(axes)
+    names = tuple(n for n in names if n in mesh.shape)
+    size = 1
+    for n in names:
+        size *= mesh.shape[n]
+    if size == 1 or any(a.shape[0] % size for a in args):
+        return fn(*args)
+    spec = PartitionSpec(names)
+    # Only the batch axes go manual; others (tensor) stay automatic inside.
+    return jax.shard_map(
+        fn, mesh=mesh, in_specs=(spec,) * len(args), out_specs=spec, axis_names=set(names)
+    )(*args)
+
+
 def state_axes(state) -> dict:
     """Pure nested dict of logical-axis tuples (or None) for an (abstract) `nnx.State`.
 

@@ -1,0 +1,585 @@
+"""Train step of the Conformer S and M transducers: step time, audio seconds/s and MFU.
+
+`python benchmarks/train_step.py [--quick] [--models S,M] [--dtype float32|bfloat16]
+[--batch B] [--seconds S] [--repeats N] [--peak_tflops X] [--out PATH]` prints a table and
+writes `benchmarks/results/train_step.json`.
+
+What runs: for each model, the real training step of `configs/conformer.py:<size>` as
+`jaxspeech.train.train_and_evaluate` builds it: its head (ctc+rnnt: the pruned RNN-T loss
+with a CTC auxiliary loss, as configured), SpecAugment, dropout, the log-mel front end,
+AdamW of `jaxspeech.optim`, and a 500-piece vocabulary (blank 0). The mesh is every local
+device along `data` (pure data parallelism, whatever the config says). Parameters are
+really initialized (`jax.jit(init, out_shardings=...)`); the step is jitted with the
+train loop's in/out shardings and donation (`donate_argnums=(0, 2)`), lowered inside
+`jax.set_mesh(mesh)` as the train loop does and compiled ahead of time once
+(`.lower(...).compile()`, reported as `compile_s`).
+
+The batch is synthetic: B utterances of exactly S seconds of 16 kHz noise (every row is
+real audio, so B x S is the audio of one step), labels drawn uniformly from [1, 500) with
+3-5 tokens per second per utterance (4 on average, BPE-500 read speech), padded to the
+width the input pipeline gives an S-second bucket (S x config.data.max_tokens_per_second).
+Defaults: on CPU B=8, S=8 s (64 s of audio per step, like the demo's batches: a step of a
+few seconds on 2 cores); on an accelerator B=64, S=16 s (1,024 s per step: LibriSpeech's
+typical 12-16 s utterances, about icefall's 800 s per GPU, enough rows to fill the device;
+the batch is global, so with several devices each gets B / devices rows).
+On an accelerator a DEFAULT batch whose compiled step does not fit in device memory (XLA's
+plan of arguments + outputs + temporaries - donated aliases above
+`memory_stats()["bytes_limit"]`, or an out-of-memory error) is halved until it fits; the
+row's `batch` and `batch_reduced_from` say so and the JSON's `does_not_fit` lists the
+attempts. An explicit --batch is never changed. (XLA:CPU's plan of the step at 64 x 16 s,
+bfloat16, without rematerialization: about 26 GiB of temporaries for S, 41 for M and 86 for
+L, more than an 80 GB GPU holds.)
+Default dtype: float32 on CPU (XLA:CPU runs bf16 slower than f32), otherwise the config's
+bfloat16. Default models: S and M; on a GPU/TPU Conformer-L in bfloat16 is added.
+`--quick` (a smoke test, ~1-2 minutes on 2 cores): S only, B=2, S=4 s, 2 repeats.
+
+Timing: one warm-up step after compiling, then the median of N steps (default 5 on CPU,
+20 on accelerators), each ended by `block_until_ready` on the loss, with the donated
+parameters and optimizer state fed back as in training.
+
+Reported per model: device (device_kind), dtype, params_m (millions of parameters),
+batch, seconds, step_ms, audio_s_per_s (B x S / step time), model_gflop_per_step,
+achieved_tflops (model FLOPs / step time, all devices together), peak_tflops (all devices
+together), mfu (= achieved / peak), and XLA's per-device memory plan of the compiled step
+(`memory_analysis()`: argument and temporary MiB); on accelerators also
+`device.memory_stats()["peak_bytes_in_use"]` of the first device over the whole worker
+process (init, compile, steps). Each model runs in a fresh subprocess, so these peaks are
+its own; a first subprocess only reads the device and measures the CPU matmul rate.
+
+Model FLOPs: `jaxspeech.train.step_flops`, the same count the training loop's MFU uses
+(XLA's cost analysis of the same step, lowered with the layers and the RNN-T joiner's
+frame chunks unrolled and no rematerialization: XLA counts a loop's body once, which
+would leave out most of the joiner's FLOPs, about 4.5% of Conformer-S's step at B=8,
+S=8 s). The timed step stays chunked as configured. The RNN-T recursions over time are
+still loops counted once (elementwise work, a small share).
+
+Peak FLOP/s per device: `--peak_tflops` if given (`peak_source` "override"), else
+`jaxspeech.metrics.perf.peak_flops_per_device` for the device kind and dtype ("table");
+CPUs have no table entry, so the peak is MEASURED ("measured_matmul"): the best of 5 timed
+2048 x 2048 x 2048 float32 matmuls (jit, `block_until_ready`) on one device, times the
+device count. On CPU the MFU is therefore relative to that measured matmul rate, not to a
+datasheet peak (and for bf16 on CPU still to the f32 rate). An accelerator without a
+table entry reports no MFU unless `--peak_tflops` is given.
+
+Goal (printed, never asserted): MFU >= 40% for Conformer-L in bfloat16 on an accelerator.
+On CPU the script says that the goal applies to accelerators.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from jaxspeech.metrics import perf
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+VOCAB = 500  # BPE-500, as configs/conformer.py expects
+BLANK_ID = 0  # jaxspeech.data.tokenizer: id 0 is always the blank
+SAMPLE_RATE = 16000
+TOKENS_PER_SECOND = (3.0, 5.0)  # uniform per utterance: 4 tokens/s on average
+MATMUL_N = 2048
+MATMUL_TRIES = 5
+MFU_GOAL = 0.40  # Conformer-L, bfloat16, accelerator
+GOAL_MODEL, GOAL_DTYPE = "L", "bfloat16"
+
+
+# ------------------------------------------------------------------------------------
+# Pure helpers (tested in tests/test_train_step_bench.py).
+# ------------------------------------------------------------------------------------
+def settings(
+    accelerator: bool,
+    quick: bool,
+    models: str | None = None,
+    dtype: str | None = None,
+    batch: int | None = None,
+    seconds: float | None = None,
+    repeats: int | None = None,
+) -> dict:
+    """What to run: {"runs": [(size, dtype), ...], "batch", "seconds", "repeats"}.
+
+    Explicit arguments win; --quick is S, B=2, 4 s, 2 repeats; otherwise CPU: S, M in
+    float32, B=8, 8 s, 5 repeats; accelerator: S, M in bfloat16 plus L in bfloat16,
+    B=64, 16 s, 20 repeats.
+    """
+    default_dtype = dtype or ("bfloat16" if accelerator else "float32")
+    if models:
+        runs = [(m.strip().upper(), default_dtype) for m in models.split(",") if m.strip()]
+    elif quick:
+        runs = [("S", default_dtype)]
+    else:
+        runs = [("S", default_dtype), ("M", default_dtype)]
+        if accelerator:
+            runs.append((GOAL_MODEL, GOAL_DTYPE))
+    if quick:
+        b, s, n = 2, 4.0, 2
+    elif accelerator:
+        b, s, n = 64, 16.0, 20
+    else:
+        b, s, n = 8, 8.0, 5
+    return {
+        "runs": runs,
+        "batch": batch or b,
+        "seconds": float(seconds or s),
+        "repeats": repeats or n,
+    }
+
+
+def make_batch(
+    batch: int,
+    seconds: float,
+    *,
+    label_width: int,
+    vocab: int = VOCAB,
+    sample_rate: int = SAMPLE_RATE,
+    tokens_per_second: tuple[float, float] = TOKENS_PER_SECOND,
+    seed: int = 0,
+) -> dict[str, np.ndarray]:
+    """A host batch as the input pipeline delivers it: B full-length utterances of
+    `seconds` of noise, labels in [1, vocab) at tokens_per_second (uniform per row),
+    padded with 0 to label_width."""
+    rng = np.random.default_rng(seed)
+    samples = int(round(seconds * sample_rate))
+    rates = rng.uniform(*tokens_per_second, batch)
+    label_len = np.clip(np.round(rates * seconds), 1, label_width).astype(np.int32)
+    labels = rng.integers(1, vocab, (batch, label_width)).astype(np.int32)
+    labels[np.arange(label_width)[None, :] >= label_len[:, None]] = 0
+    return {
+        "audio": (0.1 * rng.standard_normal((batch, samples))).astype(np.float32),
+        "audio_len": np.full(batch, samples, np.int32),
+        "labels": labels,
+        "label_len": label_len,
+        "weight": np.ones(batch, np.float32),
+        "label_overflow": np.zeros(batch, np.int32),
+    }
+
+
+def label_width(seconds: float, max_tokens_per_second: float) -> int:
+    """Label padding of an S-second bucket (jaxspeech.data.pipeline.make_bucket_spec)."""
+    return int(math.ceil(seconds * max_tokens_per_second))
+
+
+def select_peak(
+    device_kind: str,
+    platform_name: str,
+    dtype: str,
+    override_tflops: float = 0.0,
+    measured_flops: float | Callable[[], float] | None = None,
+) -> tuple[float | None, str]:
+    """(peak FLOP/s of ONE device, peak_source).
+
+    override ("override") > the perf table ("table") > on CPU the measured matmul rate of
+    one device ("measured_matmul"; a number or a function that measures it) > (None,
+    "unknown").
+    """
+    if override_tflops and override_tflops > 0:
+        return perf.peak_flops_per_device(device_kind, dtype, override_tflops), "override"
+    peak = perf.peak_flops_per_device(device_kind, dtype)
+    if peak is not None:
+        return peak, "table"
+    if platform_name == "cpu" and measured_flops is not None:
+        value = measured_flops() if callable(measured_flops) else measured_flops
+        return float(value), "measured_matmul"
+    return None, "unknown"
+
+
+def rates(
+    flops_per_step: float,
+    step_s: float,
+    batch: int,
+    seconds: float,
+    num_devices: int,
+    peak_per_device: float | None,
+) -> dict:
+    """audio_s_per_s, achieved_tflops, peak_tflops (all devices) and mfu of one model."""
+    return {
+        "audio_s_per_s": batch * seconds / step_s,
+        "achieved_tflops": flops_per_step / step_s / 1e12,
+        "peak_tflops": None if peak_per_device is None else peak_per_device * num_devices / 1e12,
+        "mfu": perf.mfu(flops_per_step, step_s, num_devices, peak_per_device),
+    }
+
+
+def smaller_batch(batch: int, num_devices: int) -> int | None:
+    """Half the batch, rounded down to a multiple of the devices; None below one row each."""
+    half = (batch // 2) // num_devices * num_devices
+    return half if half >= num_devices else None
+
+
+def goal_line(rows: list[dict], accelerator: bool, skipped: list[dict] = ()) -> str:
+    """The MFU goal: PASS/FAIL for Conformer-L bf16 on an accelerator, else why not judged."""
+    head = f"goal: MFU >= {MFU_GOAL:.0%} for Conformer-{GOAL_MODEL} {GOAL_DTYPE} on an accelerator"
+    if not accelerator:
+        return f"{head}: applies to accelerators (GPU/TPU), not judged on this CPU"
+    row = next((r for r in rows if r["model"] == GOAL_MODEL and r["dtype"] == GOAL_DTYPE), None)
+    if row is None:
+        if any(r["model"] == GOAL_MODEL and r["dtype"] == GOAL_DTYPE for r in skipped):
+            return f"{head}: not measured, no batch tried fit in device memory"
+        return f"{head}: not measured in this run (add {GOAL_MODEL} with --dtype {GOAL_DTYPE})"
+    if row["mfu"] is None:
+        return f"{head}: no peak FLOP/s known for {row['device']!r} (pass --peak_tflops)"
+    verdict = "PASS" if row["mfu"] >= MFU_GOAL else "FAIL"
+    return f"{head}: {verdict} ({row['mfu']:.1%})"
+
+
+# ------------------------------------------------------------------------------------
+# Workers (each in a fresh process).
+# ------------------------------------------------------------------------------------
+def matmul_flops_per_s(n: int = MATMUL_N, tries: int = MATMUL_TRIES) -> float:
+    """Best FLOP/s of `tries` timed (n x n) @ (n x n) float32 matmuls on one device."""
+    import jax
+    import jax.numpy as jnp
+
+    dev = jax.local_devices()[0]
+    rng = np.random.default_rng(0)
+    a, b = (jax.device_put(rng.standard_normal((n, n), np.float32), dev) for _ in range(2))
+    mm = jax.jit(jnp.matmul)
+    jax.block_until_ready(mm(a, b))  # compile and warm up
+    best = math.inf
+    for _ in range(tries):
+        t0 = time.perf_counter()
+        jax.block_until_ready(mm(a, b))
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * n**3 / best
+
+
+def probe(measure_matmul: bool) -> dict:
+    """The device this machine gives JAX, and the CPU matmul rate when asked."""
+    import jax
+
+    dev = jax.local_devices()[0]
+    out = {
+        "platform": dev.platform,
+        "device_kind": dev.device_kind,
+        "device_count": jax.local_device_count(),
+        "process_count": jax.process_count(),
+        "jax": jax.__version__,
+    }
+    if measure_matmul and dev.platform == "cpu":
+        out["matmul_flops_per_s"] = matmul_flops_per_s()
+    return out
+
+
+def measure_model(size: str, dtype: str, batch: int, seconds: float, repeats: int) -> dict:
+    """Builds, compiles and times the train step of configs/conformer.py:<size>."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from configs import conformer
+    from jaxspeech import evaluate as eval_lib
+    from jaxspeech import optim
+    from jaxspeech.parallel import mesh as mesh_lib
+    from jaxspeech.train import init_opt_state, make_train_step, step_flops
+
+    config = conformer.get_config(size)
+    config.model.dtype = dtype
+    config.mesh.replica, config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 1, -1, 1, 1
+    devices = jax.local_devices()
+    if batch % len(devices):
+        raise SystemExit(f"--batch {batch} must be a multiple of the {len(devices)} devices")
+    mesh = mesh_lib.make_mesh(config.mesh.to_dict(), devices=devices)
+    graphdef, _, _, p_shard, v_shard = eval_lib.abstract_model(config, VOCAB, mesh)
+
+    def init_params():
+        model = eval_lib.make_model(config, VOCAB, config.seed)
+        return nnx.to_pure_dict(nnx.state(model, nnx.Param))
+
+    t0 = time.perf_counter()
+    params = jax.block_until_ready(jax.jit(init_params, out_shardings=p_shard)())
+    init_s = time.perf_counter() - t0
+    num_params = sum(int(x.size) for x in jax.tree.leaves(params))
+    f = config.features.num_mel_bins
+    model_vars = jax.device_put(
+        {"frontend": {"mean": np.full(f, -5.0, np.float32), "std": np.full(f, 3.0, np.float32)}},
+        v_shard,
+    )
+    tx, _ = optim.make_optimizer(config.optim, int(config.train.num_steps))
+    opt_state, o_shard = init_opt_state(tx, params, mesh, p_shard)
+    local = make_batch(
+        batch, seconds, label_width=label_width(seconds, config.data.max_tokens_per_second)
+    )
+    batch_arrays = mesh_lib.host_to_global(mesh, local)
+    batch_shard = {k: mesh_lib.batch_sharding(mesh, v.ndim) for k, v in local.items()}
+    train_step = jax.jit(
+        make_train_step(graphdef, tx, config.seed, BLANK_ID, config.loss),
+        in_shardings=(p_shard, v_shard, o_shard, batch_shard, None),
+        out_shardings=(p_shard, o_shard, None),
+        donate_argnums=(0, 2),
+    )
+    steps = [jnp.int32(i) for i in range(repeats + 1)]
+    try:
+        t0 = time.perf_counter()
+        with jax.set_mesh(mesh):  # as the train loop: logical-axis constraints take effect
+            lowered = train_step.lower(params, model_vars, opt_state, batch_arrays, steps[0])
+        exe = lowered.compile()
+        compile_s = time.perf_counter() - t0
+        mem = exe.memory_analysis()
+        stats = devices[0].memory_stats() or {}
+        if mem is not None and "bytes_limit" in stats:
+            need = (
+                mem.argument_size_in_bytes
+                + mem.output_size_in_bytes
+                + mem.temp_size_in_bytes
+                - mem.alias_size_in_bytes
+            )
+            if need > stats["bytes_limit"]:
+                return does_not_fit(size, batch, need, stats["bytes_limit"])
+        params, opt_state, metrics = exe(params, model_vars, opt_state, batch_arrays, steps[0])
+        first_loss = float(metrics["loss"].block_until_ready())  # the warm-up step
+        times = []
+        for step in steps[1:]:
+            t0 = time.perf_counter()
+            params, opt_state, metrics = exe(params, model_vars, opt_state, batch_arrays, step)
+            metrics["loss"].block_until_ready()
+            times.append(time.perf_counter() - t0)
+    except Exception as e:  # XLA's out-of-memory errors are runtime errors with this text
+        if "RESOURCE_EXHAUSTED" not in str(e) and "out of memory" not in str(e).lower():
+            raise
+        return does_not_fit(size, batch, None, None, str(e).splitlines()[0][:300])
+
+    shapes = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in local.items()}
+    t0 = time.perf_counter()
+    flops = step_flops(config, VOCAB, BLANK_ID, shapes)
+    flops_s = time.perf_counter() - t0
+    last_loss = float(metrics["loss"])
+    row = {
+        "model": size,
+        "device": devices[0].device_kind,
+        "dtype": dtype,
+        "num_devices": len(devices),
+        "params_m": num_params / 1e6,
+        "batch": batch,
+        "seconds": seconds,
+        "label_width": int(local["labels"].shape[1]),
+        "repeats": repeats,
+        "step_ms": 1e3 * float(np.median(times)),
+        "step_ms_min": 1e3 * float(np.min(times)),
+        "step_ms_max": 1e3 * float(np.max(times)),
+        "model_gflop_per_step": flops / 1e9,
+        "init_s": init_s,
+        "compile_s": compile_s,
+        "flop_count_s": flops_s,
+        "loss_first": first_loss,
+        "loss_last": last_loss,
+    }
+    if mem is not None:
+        row["xla_argument_mib"] = mem.argument_size_in_bytes / 2**20
+        row["xla_temp_mib"] = mem.temp_size_in_bytes / 2**20
+        row["xla_output_mib"] = mem.output_size_in_bytes / 2**20
+        row["xla_alias_mib"] = mem.alias_size_in_bytes / 2**20
+    stats = devices[0].memory_stats()  # read after the steps: the peak of this process
+    if stats and "peak_bytes_in_use" in stats:
+        row["peak_bytes_in_use_mib"] = stats["peak_bytes_in_use"] / 2**20
+    return row
+
+
+def does_not_fit(
+    size: str, batch: int, need: int | None, limit: int | None, error: str = ""
+) -> dict:
+    """A worker's answer when the step of this batch does not fit in device memory."""
+    return {
+        "does_not_fit": True,
+        "model": size,
+        "batch": batch,
+        "plan_mib": None if need is None else need / 2**20,
+        "limit_mib": None if limit is None else limit / 2**20,
+        "error": error,
+    }
+
+
+def run_worker(what: list[str]) -> dict:
+    """Runs this script as a worker (`--worker ...`) and returns the JSON it prints last."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", *what]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"worker {what} failed:\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# ------------------------------------------------------------------------------------
+# The driver (touches no device itself: on GPUs each worker gets the memory to itself).
+# ------------------------------------------------------------------------------------
+def _fmt(x: float | None, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def print_table(rows: list[dict]) -> None:
+    print(
+        "| model | device | dtype | params M | B x S | step ms | audio s/s | model GFLOP/step "
+        "| achieved TFLOP/s | peak TFLOP/s | MFU | compile s | XLA args / temp MiB "
+        "| peak in use MiB |"
+    )
+    print("|" + "---|" * 14)
+    for r in rows:
+        print(
+            f"| {r['model']} | {r['device']} | {r['dtype']} | {r['params_m']:.1f} "
+            f"| {r['batch']} x {r['seconds']:g} s | {r['step_ms']:.0f} "
+            f"| {r['audio_s_per_s']:.1f} | {r['model_gflop_per_step']:.1f} "
+            f"| {_fmt(r['achieved_tflops'], '.3f')} | {_fmt(r['peak_tflops'], '.3f')} "
+            f"| {'-' if r['mfu'] is None else format(r['mfu'], '.1%')} | {r['compile_s']:.1f} "
+            f"| {_fmt(r.get('xla_argument_mib'), '.0f')} / {_fmt(r.get('xla_temp_mib'), '.0f')} "
+            f"| {_fmt(r.get('peak_bytes_in_use_mib'), '.0f')} |"
+        )
+
+
+def run(args: argparse.Namespace) -> dict:
+    t_start = time.perf_counter()
+    load_at_start = round(os.getloadavg()[0], 2)
+    info = run_worker(["probe", "1" if not args.peak_tflops else "0"])
+    accelerator = info["platform"] != "cpu"
+    plan = settings(
+        accelerator, args.quick, args.models, args.dtype, args.batch, args.seconds, args.repeats
+    )
+    print(
+        f"{info['device_count']} x {info['device_kind']} ({info['platform']}), jax {info['jax']}; "
+        f"batch {plan['batch']} x {plan['seconds']:g} s, median of {plan['repeats']} steps; "
+        f"models {', '.join(f'{m} {d}' for m, d in plan['runs'])}",
+        flush=True,
+    )
+    rows, sources, skipped = [], set(), []
+    for size, dtype in plan["runs"]:
+        peak, source = select_peak(
+            info["device_kind"],
+            info["platform"],
+            dtype,
+            args.peak_tflops,
+            info.get("matmul_flops_per_s"),
+        )
+        sources.add(source)
+        batch = plan["batch"]
+        while True:
+            row = run_worker(
+                [f"{size}:{dtype}", str(batch), str(plan["seconds"]), str(plan["repeats"])]
+            )
+            if not row.get("does_not_fit"):
+                break
+            # Only a default batch is reduced: an explicit --batch is measured or reported.
+            smaller = None if args.batch else smaller_batch(batch, info["device_count"])
+            why = (
+                f"plan {row['plan_mib']:.0f} MiB > {row['limit_mib']:.0f} MiB"
+                if row["plan_mib"] is not None
+                else row["error"]
+            )
+            print(
+                f"{size} {dtype}: batch {batch} does not fit in device memory ({why})"
+                + (f"; trying batch {smaller}" if smaller else "; skipped"),
+                flush=True,
+            )
+            row |= {"dtype": dtype}
+            skipped.append(row)
+            if smaller is None:
+                break
+            batch = smaller
+        if row.get("does_not_fit"):
+            continue
+        row["batch_reduced_from"] = plan["batch"] if batch != plan["batch"] else None
+        row |= rates(
+            row["model_gflop_per_step"] * 1e9,
+            row["step_ms"] / 1e3,
+            row["batch"],
+            row["seconds"],
+            row["num_devices"],
+            peak,
+        )
+        row["peak_source"] = source
+        rows.append(row)
+        print(
+            f"{size} {dtype}: step {row['step_ms']:.0f} ms, compile {row['compile_s']:.1f} s, "
+            f"loss {row['loss_first']:.3f} -> {row['loss_last']:.3f}",
+            flush=True,
+        )
+    goal = goal_line(rows, accelerator, skipped)
+    result = {
+        "benchmark": "train_step",
+        "device": f"{info['platform']}:{info['device_kind']}",
+        "platform": info["platform"],
+        "device_kind": info["device_kind"],
+        "device_count": info["device_count"],
+        "cpu_count": os.cpu_count(),
+        "machine": platform.processor() or platform.machine(),
+        "jax": info["jax"],
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "load_avg_1m_at_start": load_at_start,
+        "quick": args.quick,
+        "vocab": VOCAB,
+        "tokens_per_second": list(TOKENS_PER_SECOND),
+        "peak_source": "; ".join(sorted(sources)),
+        "measured_matmul": (
+            {"n": MATMUL_N, "tries": MATMUL_TRIES, "tflops": info["matmul_flops_per_s"] / 1e12}
+            if "matmul_flops_per_s" in info
+            else None
+        ),
+        "flops_method": "jaxspeech.train.step_flops (layers and joiner chunks unrolled)",
+        "goal": goal,
+        "rows": rows,
+        # Batches that did not fit in device memory (plan: XLA's, vs memory_stats' limit).
+        "does_not_fit": skipped,
+    }
+    print()
+    print(f"{result['device']} x {info['device_count']}, jax {info['jax']}", end="")
+    print(f", peak: {result['peak_source']}")
+    if result["measured_matmul"]:
+        m = result["measured_matmul"]
+        print(
+            f"CPU peak = best of {m['tries']} {m['n']}^3 f32 matmuls on one device: "
+            f"{m['tflops'] * 1e3:.1f} GFLOP/s per device (MFU is relative to this rate)"
+        )
+    print_table(rows)
+    for r in rows:
+        if r["batch_reduced_from"]:
+            print(
+                f"{r['model']}: batch {r['batch_reduced_from']} did not fit; measured {r['batch']}"
+            )
+    print(goal)
+    result["wall_s"] = round(time.perf_counter() - t_start, 1)
+    print(f"total {result['wall_s']:.0f} s")
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"wrote {args.out}")
+    return result
+
+
+def main(argv: list[str] | None = None) -> dict | None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="smoke test: S, B=2, 4 s, 2 repeats")
+    ap.add_argument("--models", default=None, help="comma-separated sizes of configs/conformer.py")
+    ap.add_argument("--dtype", default=None, choices=("float32", "bfloat16"))
+    ap.add_argument("--batch", type=int, default=None, help="utterances per step (global)")
+    ap.add_argument("--seconds", type=float, default=None, help="seconds per utterance")
+    ap.add_argument("--repeats", type=int, default=None, help="timed steps")
+    ap.add_argument(
+        "--peak_tflops", type=float, default=0.0, help="peak TFLOP/s of one device (override)"
+    )
+    ap.add_argument("--out", default=os.path.join(RESULTS, "train_step.json"))
+    ap.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        if args.worker[0] == "probe":
+            print(json.dumps(probe(args.worker[1] == "1")))
+        else:
+            size, dtype = args.worker[0].split(":")
+            b, s, n = args.worker[1:4]
+            print(json.dumps(measure_model(size, dtype, int(b), float(s), int(n))))
+        return None
+    if args.models:
+        from configs import conformer
+
+        unknown = [m for m in args.models.upper().split(",") if m not in conformer.SIZES]
+        if unknown:
+            ap.error(f"unknown models {unknown}; choose from {list(conformer.SIZES)}")
+    return run(args)
+
+
+if __name__ == "__main__":
+    main()
