@@ -31,7 +31,9 @@ $(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
 
-$(DEMO_DATA)/raw/.done: $(VENV)/.installed
+# Order-only on the install: reinstalling after a pyproject.toml change must not
+# re-synthesize (or re-prepare) a corpus that is already there.
+$(DEMO_DATA)/raw/.done: | $(VENV)/.installed
 	$(PY) -m data_prep.synth_demo --output $(DEMO_DATA)/raw --hours $(DEMO_HOURS) --seed 0
 	touch $@
 
