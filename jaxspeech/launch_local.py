@@ -32,33 +32,6 @@ from typing import IO
 
 from absl import app, flags
 
-_NUM_PROCESSES = flags.DEFINE_integer(
-    "num_processes", None, "Processes to start (>= 1).", lower_bound=1
-)
-_DEVICES = flags.DEFINE_integer(
-    "devices_per_process",
-    4,
-    "Simulated CPU devices in each process (4: the project's multi-host test layout).",
-    lower_bound=1,
-)
-_MODULE = flags.DEFINE_string(
-    "module", "jaxspeech.train", "Python module every child runs with `python -m`."
-)
-_PORT = flags.DEFINE_integer(
-    "port",
-    0,
-    "Coordinator port on 127.0.0.1; 0 picks a free one.",
-    lower_bound=0,
-    upper_bound=65535,
-)
-_GRACE = flags.DEFINE_float(
-    "grace_s",
-    30.0,
-    "After a child fails, seconds the others get to stop on their own before SIGKILL "
-    "(they fail by themselves once the JAX heartbeat notices the dead peer).",
-    lower_bound=0.0,
-)
-
 _POLL_S = 0.05  # how often the supervisor looks at the children
 _FORWARDED = (signal.SIGINT, signal.SIGTERM)
 
@@ -278,14 +251,45 @@ def run_job(
     return launcher_exit_code([procs[i].returncode for i in order])
 
 
+def define_flags() -> None:
+    """The launcher's flags, defined only when it runs as a program: `--num_processes`
+    also names a flag of `jaxspeech.parallel.mesh` (the children's), and one process
+    importing both modules (the test suite) must not define it twice."""
+    flags.DEFINE_integer("num_processes", None, "Processes to start (>= 1).", lower_bound=1)
+    flags.DEFINE_integer(
+        "devices_per_process",
+        4,
+        "Simulated CPU devices in each process (4: the project's multi-host test layout).",
+        lower_bound=1,
+    )
+    flags.DEFINE_string(
+        "module", "jaxspeech.train", "Python module every child runs with `python -m`."
+    )
+    flags.DEFINE_integer(
+        "port",
+        0,
+        "Coordinator port on 127.0.0.1; 0 picks a free one.",
+        lower_bound=0,
+        upper_bound=65535,
+    )
+    flags.DEFINE_float(
+        "grace_s",
+        30.0,
+        "After a child fails, seconds the others get to stop on their own before SIGKILL "
+        "(they fail by themselves once the JAX heartbeat notices the dead peer).",
+        lower_bound=0.0,
+    )
+
+
 def main(argv: Sequence[str]) -> int:
+    f = flags.FLAGS
     return run_job(
-        module=_MODULE.value,
+        module=f.module,
         args=argv[1:],
-        num_processes=_NUM_PROCESSES.value,
-        devices_per_process=_DEVICES.value,
-        port=_PORT.value,
-        grace_s=_GRACE.value,
+        num_processes=f.num_processes,
+        devices_per_process=f.devices_per_process,
+        port=f.port,
+        grace_s=f.grace_s,
     )
 
 
@@ -310,5 +314,6 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 
 if __name__ == "__main__":
+    define_flags()
     flags.mark_flag_as_required("num_processes")
     app.run(main, flags_parser=parse_flags)
