@@ -348,8 +348,9 @@ def step_flops(config: ConfigDict, vocab_size: int, blank_id: int, batch_shapes:
     counts rematerialized work twice; model FLOPs (the MFU numerator) are neither. So
     the count comes from lowering (never compiling or running) the same step with the
     Conformer's layers and the transducer loss's chunks unrolled and no
-    rematerialization, on abstract arguments. Loops over time (an LSTM encoder's recurrence, the transducer loss recursions) are still
-    counted once: for an LSTM encoder the figure is a lower bound.
+    rematerialization, on abstract arguments. Loops over time (an LSTM encoder's
+    recurrence, the transducer loss recursions) are still counted once: for an LSTM
+    encoder the figure is a lower bound.
     """
     c = ConfigDict(config.to_dict())
     if "conformer" in c.model:
@@ -381,19 +382,24 @@ def describe_compiled(compiled, shapes: dict, flops: float, sample_rate: int) ->
 
 
 def peek_rows(local: dict, rows: int, samples: int) -> dict:
-    """The first `rows` rows of a host-local batch, audio zero-padded to `samples`: one fixed
-    shape for the periodic sample decoding and spectrograms (one compilation, not one
-    per bucket)."""
-    audio = np.zeros((rows, samples), np.float32)
+    """The first `rows` rows of a host-local batch, audio zero-padded (or cut) to `samples`
+    and missing rows left empty (weight 0): one fixed shape for the periodic sample
+    decoding and spectrograms (one compilation, not one per bucket)."""
+    have = min(rows, local["audio"].shape[0])
     n = min(samples, local["audio"].shape[1])
-    audio[:, :n] = local["audio"][:rows, :n]
-    return {
-        "audio": audio,
-        "audio_len": np.minimum(local["audio_len"][:rows], samples).astype(np.int32),
-        "labels": local["labels"][:rows],
-        "label_len": local["label_len"][:rows],
-        "weight": local["weight"][:rows],
+    u = local["labels"].shape[1]
+    out = {
+        "audio": np.zeros((rows, samples), np.float32),
+        "audio_len": np.full((rows,), samples, np.int32),
+        "labels": np.zeros((rows, u), np.int32),
+        "label_len": np.zeros((rows,), np.int32),
+        "weight": np.zeros((rows,), np.float32),
     }
+    out["audio"][:have, :n] = local["audio"][:have, :n]
+    out["audio_len"][:have] = np.minimum(local["audio_len"][:have], samples)
+    for k in ("labels", "label_len", "weight"):
+        out[k][:have] = local[k][:have]
+    return out
 
 
 def make_features_fn(graphdef) -> Callable:

@@ -100,3 +100,24 @@ def test_step_flops_counts_every_layer_like_the_matmul_arithmetic():
     per_block = (f4 - f2) / 2
     # Elementwise work (norms, activations, softmax, Adam) adds a little on top.
     assert 1.0 <= per_block / (3 * block_forward) < 1.25, per_block / (3 * block_forward)
+
+
+def test_peek_rows_has_one_shape_whatever_the_bucket():
+    import numpy as np
+
+    local = {
+        "audio": np.ones((3, 50), np.float32),
+        "audio_len": np.array([50, 40, 30], np.int32),
+        "labels": np.arange(12, dtype=np.int32).reshape(3, 4),
+        "label_len": np.array([4, 3, 2], np.int32),
+        "weight": np.array([1, 1, 0], np.float32),
+    }
+    out = train.peek_rows(local, 4, 80)  # more rows than the batch has, longer audio
+    assert out["audio"].shape == (4, 80) and out["audio"][:3, :50].all()
+    assert not out["audio"][:, 50:].any() and not out["audio"][3].any()
+    np.testing.assert_array_equal(out["audio_len"], [50, 40, 30, 80])
+    np.testing.assert_array_equal(out["weight"], [1, 1, 0, 0])
+    np.testing.assert_array_equal(out["labels"][:3], local["labels"])
+    cut = train.peek_rows(local, 2, 20)  # shorter: cut, lengths capped
+    assert cut["audio"].shape == (2, 20)
+    np.testing.assert_array_equal(cut["audio_len"], [20, 20])
