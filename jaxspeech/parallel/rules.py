@@ -123,12 +123,8 @@ def map_batch_shards(fn, *args):
     )(*args)
 
 
-def state_axes(state) -> dict:
-    """Pure nested dict of logical-axis tuples (or None) for an (abstract) `nnx.State`.
-
-    Each variable's logical axes come from its `out_sharding` metadata (set by
-    `nnx.with_partitioning`); scanned layers add a leading unnamed axis.
-    """
+def _map_variables(state, fn) -> dict:
+    """Pure nested dict of fn(variable) for every variable of an (abstract) `nnx.State`."""
     from flax import nnx
 
     out: dict = {}
@@ -136,23 +132,26 @@ def state_axes(state) -> dict:
         node = out
         for key in path[:-1]:
             node = node.setdefault(key, {})
-        node[path[-1]] = var.get_metadata().get("out_sharding")
+        node[path[-1]] = fn(var)
     return out
+
+
+def _logical_axes(var) -> tuple | None:
+    """A variable's logical axes: its `out_sharding` metadata (`nnx.with_partitioning`)."""
+    return var.get_metadata().get("out_sharding")
+
+
+def state_axes(state) -> dict:
+    """Logical-axis tuples (or None) of an `nnx.State`'s variables; scanned layers add a
+    leading unnamed axis."""
+    return _map_variables(state, _logical_axes)
 
 
 def state_shardings(state, mesh: Mesh) -> dict:
-    """Pure nested dict of NamedShardings for an (abstract) `nnx.State` (variables without
-    logical axes are replicated)."""
-    from flax import nnx
-
-    out: dict = {}
-    for path, var in nnx.to_flat_state(state):
-        node = out
-        for key in path[:-1]:
-            node = node.setdefault(key, {})
-        axes = var.get_metadata().get("out_sharding")
-        node[path[-1]] = named_sharding(mesh, var.get_value().shape, axes)
-    return out
+    """NamedShardings of an `nnx.State`'s variables (without logical axes: replicated)."""
+    return _map_variables(
+        state, lambda var: named_sharding(mesh, var.get_value().shape, _logical_axes(var))
+    )
 
 
 def _flat(tree: dict, prefix: tuple = ()) -> list[tuple[tuple, object]]:

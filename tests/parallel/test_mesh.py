@@ -81,3 +81,29 @@ def test_initialize_without_flags_or_cluster_is_a_single_process(monkeypatch):
     assert mesh_lib.detected_cluster() is None
     assert mesh_lib.initialize() == "single"
     assert jax.process_count() == 1
+
+
+def test_map_batch_shards_keeps_the_log_mel_on_each_devices_rows():
+    """Under a mesh, the front end's log-mel runs on each device's own rows: the same
+    values as the unsharded computation, and no collective gathers the batch (XLA
+    all-gathers an FFT's batch-sharded operand)."""
+    from jax.sharding import NamedSharding
+
+    from jaxspeech.audio import features
+
+    mesh = mesh_lib.make_mesh({"data": 4, "tensor": 2})
+    audio = np.random.default_rng(0).standard_normal((8, 16000)).astype(np.float32)
+    sharded = jax.device_put(audio, NamedSharding(mesh, mesh_lib.batch_sharding(mesh, 2).spec))
+    fn = jax.jit(lambda a: rules.map_batch_shards(features.log_mel, a))
+    with jax.set_mesh(mesh):
+        compiled = fn.lower(sharded).compile()
+        got = compiled(sharded)
+    assert "all-gather" not in compiled.as_text()
+    np.testing.assert_allclose(got, jax.jit(features.log_mel)(audio), atol=1e-4)
+    # A batch the data axes do not divide, and no mesh at all: plain calls.
+    with jax.set_mesh(mesh):
+        odd = jax.jit(lambda a: rules.map_batch_shards(features.log_mel, a))(audio[:3])
+    np.testing.assert_allclose(odd, features.log_mel(audio[:3]), atol=1e-4)
+    np.testing.assert_allclose(
+        rules.map_batch_shards(features.log_mel, audio[:2]), features.log_mel(audio[:2])
+    )
