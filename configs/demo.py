@@ -47,6 +47,9 @@ def get_config(arg: str | None = None) -> ConfigDict:
         raise ValueError(f"unknown configs/demo.py variant {variant!r}: use one of {VARIANTS}")
     c = ConfigDict()
     c.seed = 0  # every random stream (init, data order, SpecAugment) derives from it
+    # A run directory (its latest checkpoint) or RUN/checkpoints/<step> whose parameters
+    # start this run (fine-tuning); used only when the workdir has no checkpoint yet.
+    c.init_from = ""
 
     c.data = ConfigDict()
     c.data.dir = "data/demo/shards"  # written by `python -m data_prep.prepare`
@@ -174,8 +177,19 @@ def get_config(arg: str | None = None) -> ConfigDict:
     c.train.num_steps = 1350  # ~1 step/s on 2 cores: `make demo` fits 25 minutes
     c.train.run_steps = 0  # >0: stop this invocation after that many steps (then resume)
     c.train.log_every = 25
-    c.train.checkpoint_every = 200  # steps; also saved at the end
-    c.train.keep_checkpoints = 2
+    c.train.checkpoint_every = 200  # steps; also saved at the end and on SIGTERM
+    # ... and at least this often (minutes): the most work a kill can cost. 10 minutes of a
+    # 1000-device job is worth more than the few seconds a save blocks the step.
+    c.train.checkpoint_minutes = 10.0
+    c.train.keep_checkpoints = 2  # the latest ones ...
+    c.train.keep_best = 1  # ... plus this many with the lowest eval WER
+    # Steps with a non-finite loss or gradient are skipped; this many in a row means the
+    # run diverged: stop with diagnostics rather than burn the allocation.
+    c.train.max_nonfinite_steps = 10
+    # XLA executables persist here ({workdir} = the run directory; "" = off), so a restarted
+    # run loads its step instead of recompiling it (seconds to minutes per batch shape).
+    # Point several runs at one shared directory (gs:// on TPU) to share compilations.
+    c.train.compile_cache_dir = "{workdir}/compile_cache"
     c.train.eval_every = 0  # steps; 0 = only at the end (eval costs CPU time in the demo)
     c.train.eval_at_end = True
     # Micro-batches per step (gradient accumulation): the batch of data.batch_seconds is
@@ -190,6 +204,9 @@ def get_config(arg: str | None = None) -> ConfigDict:
     # draw a spectrogram before/after augmentation (one extra compilation; 0 = never).
     c.monitor.samples_every = 450
     c.monitor.num_samples = 2
+    # Write each step's utterance ids to RUN/batch_ids/ (audits data order across
+    # restarts; one line per step and process).
+    c.monitor.log_batch_ids = False
 
     c.mesh = ConfigDict()
     # Sizes of (replica, data, fsdp, tensor); -1 = the rest of the devices. `replica`:

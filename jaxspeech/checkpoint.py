@@ -1,24 +1,54 @@
-"""Orbax checkpoints: model variables, optimizer state, step and each process's data iterator.
+"""Orbax checkpoints that survive kills, preemptions and corruption.
 
-Items of one checkpoint step:
-  model      {"params": ..., "model_vars": ...}   (all evaluation and export need)
-  train      {"opt_state": ..., "step": int}
+Items of one checkpoint step (`RUN/checkpoints/<step>/`):
+  model      {"params": ..., "model_vars": ...}      (all evaluation and export need)
+  train      {"opt_state": ..., "step": int32, "rng": uint32[2]}
   data_iter  the Grain iterator state of every process
-The resolved config is written next to the checkpoints (`<workdir>/config.json`).
-Arrays are restored straight into the shardings of the current mesh by giving
-Orbax abstract targets that carry them.
+  meta       JSON: the resolved config, the parameters' content fingerprint, step, time
+RNG state is the base key (`rng`) and the step: every random stream of a step is that key
+folded with the step, so the pair is the whole state. Arrays are restored straight into
+the current mesh's shardings (abstract targets carry them), whatever mesh saved them.
+
+What makes it robust:
+- Orbax writes a step into a temporary directory and renames it when complete, so a
+  process killed mid-save leaves no half checkpoint among the steps (leftovers are
+  removed at start-up).
+- Each save stores a fingerprint of the parameters' bits that does not depend on how
+  they are sharded; a restore recomputes and compares it. A latest checkpoint that fails
+  to read or to match is reported, moved to `RUN/checkpoints_corrupt/`, and the previous
+  committed one is used (`restore_latest`).
+- Saves are decided the same way on every process: every N steps, when process 0's
+  clock says M minutes passed since the last save, at the end, and at the step all
+  processes agree on after a preemption notice (`Preemption`).
+No pickle anywhere: arrays in OCDBT/Zarr, everything else JSON.
 """
 
 from __future__ import annotations
 
+import datetime
+import hashlib
 import os
+import shutil
+import signal
+import time
+from collections.abc import Callable
 from typing import Any
 
 import grain
 import jax
+import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
+from orbax.checkpoint import checkpoint_managers as policies
 
-MODEL, TRAIN, DATA_ITER = "model", "train", "data_iter"
+MODEL, TRAIN, DATA_ITER, META = "model", "train", "data_iter", "meta"
+CORRUPT_DIR = "checkpoints_corrupt"
+BEST_METRIC = "eval_wer"  # `save(metrics=...)` key the best checkpoint is chosen by (lower)
+
+
+class CheckpointError(Exception):
+    """A checkpoint this run cannot use: an incompatible model, or none readable."""
 
 
 def abstract_like(tree: Any, shardings: Any) -> Any:
@@ -28,27 +58,202 @@ def abstract_like(tree: Any, shardings: Any) -> Any:
     )
 
 
-class Checkpointer:
-    """Thin wrapper over `ocp.CheckpointManager` with the item layout above."""
+# ---------------------------------------------------------------- content fingerprint
+def _fmix32(h: jax.Array) -> jax.Array:
+    """MurmurHash3's 32-bit finalizer: every input bit flips about half the output bits."""
+    h = h ^ (h >> 16)
+    h = h * jnp.uint32(0x85EBCA6B)
+    h = h ^ (h >> 13)
+    h = h * jnp.uint32(0xC2B2AE35)
+    return h ^ (h >> 16)
 
-    def __init__(self, workdir: str, *, max_to_keep: int = 3, async_save: bool = True):
-        self.directory = os.path.abspath(os.path.join(workdir, "checkpoints"))
+
+def _leaf_fingerprint(x: jax.Array) -> jax.Array:
+    """(2,) uint32: two differently seeded sums over elements of mix(bits, position).
+
+    A sum modulo 2^32 is exact and order-free, so any sharding and any reduction order
+    give the same value, and a restore on another mesh can be checked against the save.
+    """
+    x = jnp.asarray(x)
+    if x.dtype.itemsize == 4:
+        bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
+    elif x.dtype.itemsize == 2:
+        bits = jax.lax.bitcast_convert_type(x, jnp.uint16).astype(jnp.uint32)
+    elif x.dtype.itemsize == 1:
+        bits = jax.lax.bitcast_convert_type(x, jnp.uint8).astype(jnp.uint32)
+    else:
+        raise TypeError(f"no fingerprint for dtype {x.dtype}")
+    bits = bits.reshape(-1)
+    pos = jax.lax.broadcasted_iota(jnp.uint32, bits.shape, 0)
+    lanes = [
+        jnp.sum(_fmix32(bits ^ _fmix32(pos * jnp.uint32(2) + jnp.uint32(seed))), dtype=jnp.uint32)
+        for seed in (0x9E3779B9, 0x7F4A7C15)
+    ]
+    return jnp.stack(lanes)
+
+
+_leaf_fingerprints = jax.jit(lambda tree: jax.tree.map(_leaf_fingerprint, tree))
+
+
+def fingerprint(tree: Any) -> str:
+    """Hex digest of a tree of (possibly sharded, multi-host) arrays' paths, shapes,
+    dtypes and bits; equal for equal values on any mesh. Every process must call it."""
+    lanes = jax.device_get(_leaf_fingerprints(tree))  # scalars, replicated on every device
+    h = hashlib.sha256()
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    for (path, x), lane in zip(leaves, jax.tree.leaves(lanes)):
+        h.update(f"{jax.tree_util.keystr(path)}:{x.shape}:{x.dtype}:".encode())
+        h.update(np.asarray(lane, np.uint32).tobytes())
+    return h.hexdigest()[:32]
+
+
+def _leaf_specs(tree: Any) -> dict[str, tuple[tuple, np.dtype]]:
+    """{"a/0/mu/w": (shape, dtype)} of a tree of arrays, ShapeDtypeStructs or Orbax
+    ArrayMetadata; dict keys, attribute names and sequence indices all become path parts,
+    so an optax state matches its stored form (Orbax stores named tuples as dicts)."""
+
+    def name(k) -> str:
+        for attr in ("key", "name", "idx"):
+            if hasattr(k, attr):
+                return str(getattr(k, attr))
+        return str(k)
+
+    return {
+        "/".join(name(k) for k in path): (tuple(x.shape), np.dtype(x.dtype))
+        for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]
+    }
+
+
+def shape_mismatches(expected: Any, stored: Any) -> list[str]:
+    """Array paths where a stored tree differs from `expected` (missing, extra, other
+    shape or dtype); [] when it fits."""
+    want, have = _leaf_specs(expected), _leaf_specs(stored)
+    out = [f"{k}: not in the checkpoint" for k in want if k not in have]
+    out += [f"{k}: only in the checkpoint" for k in have if k not in want]
+    for k in want.keys() & have.keys():
+        (ws, wd), (hs, hd) = want[k], have[k]
+        if ws != hs or wd != hd:
+            out.append(f"{k}: checkpoint {hd}{list(hs)}, this run {wd}{list(ws)}")
+    return sorted(out)
+
+
+# ---------------------------------------------------------------- preemption
+class Preemption:
+    """Whether this step is the one to save at and stop, the same on every process.
+
+    Multi-process runs use JAX's preemption notifier (it catches SIGTERM and the TPU
+    maintenance notice on any host and the processes agree on the next safe step through
+    `multihost_utils.reached_preemption_sync_point`). A single process has no notifier:
+    it catches SIGTERM itself and stops after the step in flight. `reached` must be
+    called once per step, by every process, from the same start step.
+    """
+
+    def __init__(self):
+        self._signal: int | None = None
+        self._previous = None
+        if jax.process_count() == 1:
+            self._previous = signal.signal(signal.SIGTERM, self._on_signal)
+
+    def _on_signal(self, signum, frame) -> None:
+        self._signal = signum
+
+    def reached(self, step: int) -> bool:
+        if jax.process_count() > 1:
+            return bool(multihost_utils.reached_preemption_sync_point(step))
+        return self._signal is not None
+
+    def close(self) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+            self._previous = None
+
+
+def all_processes(ok: bool) -> bool:
+    """True only if `ok` on every process (a collective: every process must call it)."""
+    if jax.process_count() == 1:
+        return ok
+    return bool(np.min(multihost_utils.process_allgather(np.int32(ok))) == 1)
+
+
+# ---------------------------------------------------------------- manager
+class Checkpointer:
+    """`ocp.CheckpointManager` with the items above, the save schedule and safe restore.
+
+    Keeps the last `keep` steps plus the `keep_best` with the lowest `eval_wer` metric
+    (steps saved with `metrics={"eval_wer": ...}`).
+    """
+
+    def __init__(
+        self,
+        workdir: str,
+        *,
+        keep: int = 3,
+        keep_best: int = 1,
+        every_steps: int = 0,
+        every_minutes: float = 0.0,
+        async_save: bool = True,
+        read_only: bool = False,
+    ):
+        """read_only: for readers of a run another process may be writing (evaluation,
+        init_from): no directory is created and no temporary save is cleaned up."""
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1 checkpoints, got {keep}")
+        self.workdir = os.path.abspath(workdir)
+        self.directory = os.path.join(self.workdir, "checkpoints")
+        self.every_steps, self.every_minutes = int(every_steps), float(every_minutes)
+        keep_policies = [policies.LatestN(n=keep)]
+        if keep_best:
+            keep_policies.append(
+                policies.BestN(
+                    get_metric_fn=lambda m: m[BEST_METRIC],
+                    reverse=True,  # keeps the last n of the sorted list: the lowest WERs
+                    n=keep_best,
+                    keep_checkpoints_without_metrics=False,
+                )
+            )
         self.manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(
-                max_to_keep=max_to_keep, enable_async_checkpointing=async_save, create=True
+                enable_async_checkpointing=async_save and not read_only,
+                create=not read_only,
+                read_only=read_only,
+                # What a process killed mid-save left; a reader must not touch the
+                # temporary directory of a save in flight.
+                cleanup_tmp_directories=not read_only,
+                preservation_policy=policies.AnyPreservationPolicy(keep_policies),
             ),
-            item_names=(MODEL, TRAIN, DATA_ITER),
+            item_names=(MODEL, TRAIN, DATA_ITER, META),
             item_handlers={
                 MODEL: ocp.StandardCheckpointHandler(),
                 TRAIN: ocp.StandardCheckpointHandler(),
                 DATA_ITER: grain.checkpoint.CheckpointHandler(),
+                META: ocp.JsonCheckpointHandler(),
             },
         )
+        self._last_save = time.time()  # a restart counts from its own start
 
+    # ------------------------------------------------------------ steps
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
 
+    def all_steps(self) -> list[int]:
+        return sorted(self.manager.all_steps())
+
+    def due(self, step: int) -> str | None:
+        """Why `step` should be saved on the regular schedule ("every N steps",
+        "M minutes since the last save"), or None. Same answer on every process: the
+        clock read is process 0's, broadcast (a collective when minutes are set)."""
+        if self.every_steps and step % self.every_steps == 0:
+            return f"every {self.every_steps} steps"
+        if self.every_minutes > 0:
+            late = time.time() - self._last_save >= 60 * self.every_minutes
+            if jax.process_count() > 1:
+                late = bool(multihost_utils.broadcast_one_to_all(np.int32(late)))
+            if late:
+                return f"{self.every_minutes:g} minutes since the last save"
+        return None
+
+    # ------------------------------------------------------------ save
     def save(
         self,
         step: int,
@@ -56,20 +261,69 @@ class Checkpointer:
         model: dict,
         train: dict,
         data_iter: grain.DatasetIterator,
-        force: bool = False,
-    ) -> bool:
-        """Start an (asynchronous) save of step; returns whether a save was started."""
-        return self.manager.save(
+        meta: dict | None = None,
+        metrics: dict | None = None,
+    ) -> None:
+        """Start an asynchronous save of `step` (the arrays are copied off the devices
+        before it returns, so they may be donated right after). `meta` (JSON) is stored
+        with the parameters' fingerprint added; `metrics` ({"eval_wer": x}) rank steps
+        for `keep_best`."""
+        meta = dict(meta or {})
+        meta.update(
+            step=int(step),
+            params_fingerprint=fingerprint(model["params"]),
+            time=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            process_count=jax.process_count(),
+        )
+        self.manager.save(
             step,
             args=ocp.args.Composite(
                 **{
                     MODEL: ocp.args.StandardSave(model),
                     TRAIN: ocp.args.StandardSave(train),
                     DATA_ITER: grain.checkpoint.CheckpointSave(data_iter),
+                    META: ocp.args.JsonSave(meta),
                 }
             ),
-            force=force,
+            metrics=metrics,
+            force=True,  # the schedule is decided by `due`/`Preemption`, not by Orbax
         )
+        self._last_save = time.time()
+
+    # ------------------------------------------------------------ restore
+    def meta(self, step: int) -> dict:
+        """The JSON item of `step` ({} for a checkpoint saved without one)."""
+        if not os.path.isdir(os.path.join(self.directory, str(step), META)):
+            return {}
+        out = self.manager.restore(step, args=ocp.args.Composite(**{META: ocp.args.JsonRestore()}))
+        return dict(out[META] or {})
+
+    def check_compatible(self, step: int, abstract: dict[str, Any]) -> None:
+        """Raise CheckpointError naming every array of `step` whose structure, shape or
+        dtype differs from `abstract` ({item: abstract tree}).
+
+        Reading the metadata fails only for a damaged checkpoint: that is left to
+        `restore`, which reports it as corrupt.
+        """
+        try:
+            md = self.manager.item_metadata(step)
+        except Exception:  # noqa: BLE001 - damaged metadata: restore reports it
+            return
+        problems = []
+        for item, tree in abstract.items():
+            stored = md[item] if item in md.keys() else None
+            stored = getattr(stored, "tree", stored)
+            if stored is None:
+                continue
+            problems += [f"{item}/{p}" for p in shape_mismatches(tree, stored)]
+        if problems:
+            shown = "\n  ".join(problems[:12]) + (
+                f"\n  ... and {len(problems) - 12} more" if len(problems) > 12 else ""
+            )
+            raise CheckpointError(
+                f"checkpoint {step} in {self.directory} was written by a different model or "
+                f"optimizer ({len(problems)} arrays differ):\n  {shown}"
+            )
 
     def restore(
         self,
@@ -78,15 +332,71 @@ class Checkpointer:
         abstract_model: dict,
         abstract_train: dict | None = None,
         data_iter: grain.DatasetIterator | None = None,
+        verify: bool = True,
     ) -> dict:
-        """Restore the requested items of `step` (the data iterator is restored in place)."""
+        """Restore the requested items of `step` (the data iterator in place); with
+        `verify`, raise CheckpointError if the parameters' fingerprint differs from the
+        stored one."""
         args = {MODEL: ocp.args.StandardRestore(abstract_model)}
         if abstract_train is not None:
             args[TRAIN] = ocp.args.StandardRestore(abstract_train)
         if data_iter is not None:
             args[DATA_ITER] = grain.checkpoint.CheckpointRestore(data_iter)
-        return dict(self.manager.restore(step, args=ocp.args.Composite(**args)).items())
+        out = dict(self.manager.restore(step, args=ocp.args.Composite(**args)).items())
+        expected = self.meta(step).get("params_fingerprint")
+        if verify and expected is not None:
+            got = fingerprint(out[MODEL]["params"])
+            if got != expected:
+                raise CheckpointError(
+                    f"parameter fingerprint {got} differs from the saved {expected}"
+                )
+        return out
 
+    def restore_latest(
+        self, *, warn: Callable[[str], None], **restore_kwargs
+    ) -> tuple[int, dict] | None:
+        """Restore the latest step that reads and verifies; (step, items), or None when
+        the workdir has no checkpoint.
+
+        A step that fails (on any process) is reported through `warn`, moved to
+        RUN/checkpoints_corrupt/, and the step before it is tried. An incompatible model
+        is not corruption: it raises CheckpointError at once.
+        """
+        while (step := self.latest_step()) is not None:
+            abstract = {MODEL: restore_kwargs["abstract_model"]}
+            if restore_kwargs.get("abstract_train") is not None:
+                abstract[TRAIN] = restore_kwargs["abstract_train"]
+            self.check_compatible(step, abstract)
+            error = None
+            try:
+                restored = self.restore(step, **restore_kwargs)
+            except Exception as e:  # noqa: BLE001 - any failure to read is corruption here
+                error = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]}"
+            if all_processes(error is None):
+                return step, restored
+            previous = [s for s in self.all_steps() if s < step]
+            warn(
+                f"WARNING: checkpoint {step} is corrupt or incomplete ("
+                f"{error or 'failed on another process'}); moving it to {CORRUPT_DIR}/ and "
+                + (f"restoring step {previous[-1]}" if previous else "starting from scratch")
+            )
+            self.quarantine(step)
+        return None
+
+    def quarantine(self, step: int) -> None:
+        """Move `step` out of the manager's sight (process 0; everyone waits for it)."""
+        if jax.process_index() == 0:
+            dst_root = os.path.join(self.workdir, CORRUPT_DIR)
+            os.makedirs(dst_root, exist_ok=True)
+            dst = os.path.join(dst_root, f"{step}-{int(time.time())}")
+            while os.path.exists(dst):  # the same step set aside twice in one second
+                dst += "x"
+            shutil.move(os.path.join(self.directory, str(step)), dst)
+        if jax.process_count() > 1:
+            multihost_utils.sync_global_devices(f"jaxspeech quarantine {step}")
+        self.manager.reload()
+
+    # ------------------------------------------------------------ lifetime
     def wait(self) -> None:
         """Block until pending asynchronous saves are committed."""
         self.manager.wait_until_finished()
@@ -94,3 +404,38 @@ class Checkpointer:
     def close(self) -> None:
         self.manager.wait_until_finished()
         self.manager.close()
+
+
+def load_model(path: str, abstract_model: dict, step: int | None = None) -> tuple[int, dict]:
+    """(step, {"params", "model_vars"}) from a run directory (its latest step unless
+    `step`) or a step directory `RUN/checkpoints/<step>`, read-only and verified.
+
+    Raises:
+      CheckpointError: no such run or step, an incompatible model, or a corrupt step.
+    """
+    path = os.path.abspath(path)
+    name, parent = os.path.basename(path), os.path.dirname(path)
+    if name.isdigit() and os.path.basename(parent) == "checkpoints":
+        step, path = int(name), os.path.dirname(parent)
+    if not os.path.isdir(os.path.join(path, "checkpoints")):
+        raise CheckpointError(
+            f"{path} is neither a run directory (with checkpoints/) nor RUN/checkpoints/<step>"
+        )
+    ckpt = Checkpointer(path, read_only=True)
+    try:
+        step = ckpt.latest_step() if step is None else step
+        if step is None or step not in ckpt.all_steps():
+            raise CheckpointError(
+                f"no committed checkpoint{'' if step is None else f' {step}'} in {ckpt.directory}"
+            )
+        ckpt.check_compatible(step, {MODEL: abstract_model})
+        try:
+            return step, ckpt.restore(step, abstract_model=abstract_model)[MODEL]
+        except CheckpointError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a read failure names the step
+            raise CheckpointError(
+                f"checkpoint {step} in {ckpt.directory} is unreadable: {e}"
+            ) from e
+    finally:
+        ckpt.close()

@@ -282,7 +282,7 @@ def evaluate_workdir(
     tokenizer = Tokenizer.load(tokenizer_dir)
     mesh = mesh_lib.make_mesh(config.mesh.to_dict())
     graphdef, abs_params, abs_vars, _, _ = abstract_model(config, tokenizer.vocab_size, mesh)
-    ckpt = ckpt_lib.Checkpointer(workdir, async_save=False)
+    ckpt = ckpt_lib.Checkpointer(workdir, read_only=True)
     step = ckpt.latest_step() if step is None else step
     if step is None:
         raise FileNotFoundError(f"no checkpoint in {ckpt.directory}; train first")

@@ -43,6 +43,10 @@ class UserError(Exception):
     """A mistake in the command, config or data: reported as one line, no traceback."""
 
 
+class TrainingDiverged(Exception):
+    """train.max_nonfinite_steps steps in a row had a non-finite loss or gradient."""
+
+
 def log(msg: str) -> None:
     if jax.process_index() == 0:
         print(msg, flush=True)
@@ -253,6 +257,22 @@ def split_micro_batches(batch: dict, num: int) -> dict:
     return jax.tree.map(split, batch)
 
 
+def make_grads_fn(graphdef, blank_id: int, loss_cfg: ConfigDict) -> Callable:
+    """(params, model_vars, batch, key, step) -> (summed gradients, sums incl. "objective")."""
+
+    def objective(params, model_vars, batch, key, step):
+        model = nnx.merge(graphdef, params, model_vars)
+        return model_losses(model, batch, key, step, loss_cfg, blank_id)
+
+    def grads_and_sums(params, model_vars, batch, key, step):
+        (total, sums), grads = jax.value_and_grad(objective, has_aux=True)(
+            params, model_vars, batch, key, step
+        )
+        return grads, sums | {"objective": total}
+
+    return grads_and_sums
+
+
 def make_train_step(
     graphdef,
     tx: optax.GradientTransformation,
@@ -268,22 +288,19 @@ def make_train_step(
     (activation memory of one micro-batch); gradients and loss sums accumulate in
     float32 and are normalized once by the whole batch's tokens, so the update equals
     the single-pass one up to summation order.
+
+    A step whose objective or gradient norm is not finite changes nothing: parameters
+    and optimizer state come back as they went in (metrics["nonfinite"] = 1). The test
+    is on global values inside the one SPMD program, so every process skips the same
+    steps. The step's randomness is `seed` folded with the step: (seed, step) is the
+    whole RNG state a checkpoint needs.
     """
     if grad_accum < 1:
         raise ValueError(f"train.grad_accum must be >= 1, got {grad_accum}")
-
-    def objective(params, model_vars, batch, key, step):
-        model = nnx.merge(graphdef, params, model_vars)
-        return model_losses(model, batch, key, step, loss_cfg, blank_id)
-
-    def grads_and_sums(params, model_vars, batch, key, step):
-        (total, sums), grads = jax.value_and_grad(objective, has_aux=True)(
-            params, model_vars, batch, key, step
-        )
-        return grads, sums | {"objective": total}
+    grads_and_sums = make_grads_fn(graphdef, blank_id, loss_cfg)
 
     def train_step(params, model_vars, opt_state, batch, step):
-        key = jax.random.fold_in(jax.random.key(seed + 1), step)
+        key = jax.random.fold_in(step_key(seed), step)
         if grad_accum == 1:
             grads, sums = grads_and_sums(
                 params, model_vars, batch, jax.random.fold_in(key, 0), step
@@ -304,19 +321,33 @@ def make_train_step(
         # Per-token objective: buckets of different batch sizes get the same gradient scale.
         tokens = jnp.maximum(sums["tokens"], 1.0)
         grads = jax.tree.map(lambda g: g / tokens, grads)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        params = optax.apply_updates(params, updates)
+        grad_norm = optax.tree.norm(grads)
+        finite = jnp.isfinite(sums["objective"]) & jnp.isfinite(grad_norm)
+        updates, new_opt_state = tx.update(grads, opt_state, params)
+        new_params = optax.apply_updates(params, updates)
+        # Skipped, not clipped: a NaN anywhere would otherwise spread into every weight.
+        params, opt_state = jax.tree.map(
+            lambda new, old: jnp.where(finite, new, old),
+            (new_params, new_opt_state),
+            (params, opt_state),
+        )
         metrics = {
             "loss": sums["objective"] / tokens,
             "utt_loss": sums["objective"] / jnp.maximum(sums["utterances"], 1.0),
-            "grad_norm": optax.tree.norm(grads),
+            "grad_norm": grad_norm,
             "param_norm": optax.tree.norm(params),
+            "nonfinite": 1.0 - finite.astype(jnp.float32),
         }
         for k, v in sums.items():
             metrics[k] = v / tokens if k.startswith("loss_") else v
         return params, opt_state, metrics
 
     return train_step
+
+
+def step_key(seed: int) -> jax.Array:
+    """The base key of the training step's randomness (dropout, SpecAugment)."""
+    return jax.random.key(seed + 1)
 
 
 def init_opt_state(
@@ -415,6 +446,86 @@ def make_features_fn(graphdef) -> Callable:
     return features_fn
 
 
+# ---------------------------------------------------------------- faults
+class BatchIdLog:
+    """RUN/batch_ids/p<process>.jsonl: {"step": s, "ids": [...]} per step, the utterances
+    of this process's rows (monitor.log_batch_ids). Lines are flushed as written, so a
+    killed run keeps them; steps replayed after a restart are written again, and the last
+    line of a step is the one that counted. An audit of data order across restarts."""
+
+    def __init__(self, workdir: str):
+        os.makedirs(os.path.join(workdir, "batch_ids"), exist_ok=True)
+        path = os.path.join(workdir, "batch_ids", f"p{jax.process_index()}.jsonl")
+        self._f = open(path, "a", encoding="utf-8", buffering=1)
+
+    def write(self, step: int, ids: list[str]) -> None:
+        self._f.write(json.dumps({"step": step, "ids": list(ids)}) + "\n")
+
+
+def read_batch_ids(workdir: str, process: int = 0) -> dict[int, list[str]]:
+    """{step: ids} from a BatchIdLog; a step written twice (replayed) keeps its last line."""
+    out: dict[int, list[str]] = {}
+    with open(os.path.join(workdir, "batch_ids", f"p{process}.jsonl"), encoding="utf-8") as f:
+        for line in f:
+            if line.endswith("\n"):  # a line cut by a kill is not a record
+                row = json.loads(line)
+                out[row["step"]] = row["ids"]
+    return out
+
+
+def write_nonfinite_diagnostics(
+    workdir: str,
+    step: int,
+    grads_fn: Callable,
+    params: dict,
+    model_vars: dict,
+    batch: dict,
+    local: dict,
+    metrics: dict,
+    seed: int,
+) -> str:
+    """What the last non-finite step looked like, in RUN/diagnostics/nonfinite-step<N>/:
+    report.json (non-finite counts per parameter and per gradient, the loss parts, this
+    process's rows with non-finite or empty audio) and batch_p<i>.npz (this process's rows,
+    to replay the step). Every process must call it (the gradients are a collective).
+    Returns the directory."""
+    key = jax.random.fold_in(jax.random.fold_in(step_key(seed), step - 1), 0)
+
+    @jax.jit
+    def counts(params, model_vars, batch):
+        grads, sums = grads_fn(params, model_vars, batch, key, jnp.int32(step - 1))
+        bad = lambda t: jax.tree.map(lambda x: jnp.sum(~jnp.isfinite(x)), t)  # noqa: E731
+        return bad(params), bad(grads), sums
+
+    p_bad, g_bad, sums = jax.device_get(counts(params, model_vars, batch))
+    flat = lambda t: {  # noqa: E731
+        jax.tree_util.keystr(k): int(v) for k, v in jax.tree_util.tree_flatten_with_path(t)[0]
+    }
+    audio = local["audio"]
+    rows = []
+    for i in range(audio.shape[0]):
+        n = int(local["audio_len"][i])
+        finite = bool(np.all(np.isfinite(audio[i, :n])))
+        peak = float(np.max(np.abs(audio[i, :n]))) if n and finite else None
+        if not finite or not peak:
+            rows.append({"row": i, "audio_len": n, "finite": finite, "peak": peak})
+    out = os.path.join(workdir, "diagnostics", f"nonfinite-step{step}")
+    os.makedirs(out, exist_ok=True)
+    np.savez(os.path.join(out, f"batch_p{jax.process_index()}.npz"), **local)
+    if jax.process_index() == 0:
+        report = {
+            "step": step,
+            "metrics": {k: float(v) for k, v in jax.device_get(metrics).items()},
+            "loss_sums": {k: float(v) for k, v in sums.items()},
+            "nonfinite_params": {k: v for k, v in flat(p_bad).items() if v},
+            "nonfinite_grads": {k: v for k, v in flat(g_bad).items() if v},
+            "suspect_rows_p0": rows,
+        }
+        with open(os.path.join(out, "report.json"), "w") as f:
+            json.dump(report, f, indent=1)
+    return out
+
+
 # ---------------------------------------------------------------- train_and_evaluate
 def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
     """Trains `config` in `workdir` (resuming if it holds checkpoints); returns the final eval."""
@@ -436,9 +547,9 @@ def _train_and_evaluate(config: ConfigDict, workdir: str, mesh) -> dict:
     # as mesh axes); every jitted function is traced inside it (`jax.set_mesh` below), so
     # the models' logical-axis constraints (rules.constrain) take effect.
     os.makedirs(workdir, exist_ok=True)
-    if jax.process_index() == 0:
-        with open(os.path.join(workdir, "config.json"), "w") as f:
-            f.write(config.to_json_best_effort(indent=1))
+    if config.train.compile_cache_dir:
+        cache = config.train.compile_cache_dir.format(workdir=os.path.abspath(workdir))
+        jax.config.update("jax_compilation_cache_dir", cache)
     log(
         f"devices: {jax.device_count()} x {jax.devices()[0].device_kind}, "
         f"{jax.process_count()} process(es); mesh {dict(mesh.shape)}"
@@ -486,6 +597,7 @@ def _train_and_evaluate(config: ConfigDict, workdir: str, mesh) -> dict:
             prefetch=config.data.prefetch,
             speeds=augmenter.cfg.speeds if augmenter else (1.0,),
             augment=augmenter,
+            with_text=bool(config.monitor.log_batch_ids),
         )
     except FileNotFoundError as e:
         raise UserError(str(e)) from e
@@ -521,24 +633,64 @@ def _train_and_evaluate(config: ConfigDict, workdir: str, mesh) -> dict:
     opt_state, o_shard = init_opt_state(tx, params, mesh, p_shard)
 
     # ---------------------------------------------------------- restore
+    # Resume order: the latest committed checkpoint in RUN (a corrupt one is set aside
+    # and the one before used), else --config.init_from (parameters only), else scratch.
     replicated = NamedSharding(mesh, PartitionSpec())
-    ckpt = ckpt_lib.Checkpointer(workdir, max_to_keep=config.train.keep_checkpoints)
-    start = ckpt.latest_step() or 0
-    if start:
-        t0 = time.time()
-        restored = ckpt.restore(
-            start,
+    tr = config.train
+    ckpt = ckpt_lib.Checkpointer(
+        workdir,
+        keep=tr.keep_checkpoints,
+        keep_best=tr.keep_best,
+        every_steps=tr.checkpoint_every,
+        every_minutes=tr.checkpoint_minutes,
+    )
+    rng = np.asarray(jax.random.key_data(step_key(config.seed)))
+    t0 = time.time()
+    try:
+        found = ckpt.restore_latest(
+            warn=log,
             abstract_model={"params": abs_params, "model_vars": abs_vars},
             abstract_train={
                 "opt_state": ckpt_lib.abstract_like(opt_state, o_shard),
                 "step": jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated),
+                "rng": jax.ShapeDtypeStruct(rng.shape, rng.dtype, sharding=replicated),
             },
             data_iter=train_iter,
         )
+    except ckpt_lib.CheckpointError as e:
+        raise UserError(
+            f"{e}\nuse a new --workdir, or the config that run was trained with "
+            f"({os.path.join(workdir, 'config.json')})"
+        ) from e
+    start = 0
+    if found is not None:
+        start, restored = found
         params = restored[ckpt_lib.MODEL]["params"]
         model_vars = restored[ckpt_lib.MODEL]["model_vars"]
         opt_state = restored[ckpt_lib.TRAIN]["opt_state"]
+        saved_rng = np.asarray(jax.device_get(restored[ckpt_lib.TRAIN]["rng"]))
+        if not np.array_equal(saved_rng, rng):
+            raise UserError(
+                f"checkpoint {start} was trained with another config.seed than {config.seed}: "
+                "resuming would change every random stream; use that seed or a new --workdir"
+            )
         log(f"resumed from step {start} in {time.time() - t0:.1f}s")
+    elif config.init_from:
+        try:
+            src_step, src = ckpt_lib.load_model(
+                config.init_from, {"params": abs_params, "model_vars": abs_vars}
+            )
+        except ckpt_lib.CheckpointError as e:
+            raise UserError(f"config.init_from: {e}") from e
+        params = src["params"]  # this run's own feature statistics stay
+        log(
+            f"initialized parameters from {config.init_from} (step {src_step}) in "
+            f"{time.time() - t0:.1f}s"
+        )
+    if jax.process_index() == 0:  # after the restore: a refused config must not replace it
+        with open(os.path.join(workdir, "config.json"), "w") as f:
+            f.write(config.to_json_best_effort(indent=1))
+    preemption = ckpt_lib.Preemption()
 
     # ---------------------------------------------------------- step
     batch_shard = {
@@ -664,29 +816,91 @@ def _train_and_evaluate(config: ConfigDict, workdir: str, mesh) -> dict:
     t_start, steps_window, flops_window = time.time(), 0, 0.0
     # train.run_steps > 0 ends this invocation early (job queues with wall-time limits:
     # resubmit the same command and it resumes); the schedule still spans num_steps.
-    stop = min(num_steps, start + config.train.run_steps) if config.train.run_steps else num_steps
+    stop = min(num_steps, start + tr.run_steps) if tr.run_steps else num_steps
+    nonfinite_run = nonfinite_total = 0
+    ids_log = BatchIdLog(workdir) if mon.log_batch_ids else None
+    result: dict = {}
+
+    def save(done: int, why: str, eval_result: dict | None) -> None:
+        t0 = time.time()
+        with goodput.phase("checkpoint"):
+            ckpt.save(
+                done,
+                model={"params": params, "model_vars": model_vars},
+                # Replicated global arrays: Orbax refuses host-local arrays on many hosts.
+                train={
+                    "opt_state": opt_state,
+                    "step": jax.device_put(np.int32(done), replicated),
+                    "rng": jax.device_put(rng, replicated),
+                },
+                data_iter=train_iter,
+                meta={"config": json.loads(config.to_json_best_effort()), "reason": why},
+                metrics={ckpt_lib.BEST_METRIC: eval_result["wer"]} if eval_result else None,
+            )
+        log(f"checkpoint {done} ({why}): saving in the background ({time.time() - t0:.1f}s)")
+
     for step in range(start, stop):
         with goodput.phase("data"):
             local = next(train_iter)
+            ids = local.pop("id", None)
+            local.pop("text", None)
             audio_s = float(np.sum(local["audio_len"] * local["weight"])) / sr
             batch = mesh_lib.host_to_global(mesh, local)
+        if ids_log is not None:
+            ids_log.write(step + 1, [i for i, w in zip(ids, local["weight"]) if w])
         exe, flops = compiled_step(batch, step)
         with goodput.phase("compute"):
             params, opt_state, metrics = exe(params, model_vars, opt_state, batch, jnp.int32(step))
             # Waiting here splits data wait from compute; the loader's threads and
             # workers keep reading ahead meanwhile.
-            metrics["loss"].block_until_ready()
+            skipped = bool(metrics["nonfinite"])
+        done = step + 1
+        if skipped:
+            nonfinite_run, nonfinite_total = nonfinite_run + 1, nonfinite_total + 1
+            log(
+                f"step {done}: non-finite loss or gradient (loss {float(metrics['loss'])}, "
+                f"grad norm {float(metrics['grad_norm'])}): update skipped, state unchanged "
+                f"({nonfinite_run} in a row, {nonfinite_total} in this run)"
+            )
+            if nonfinite_run >= tr.max_nonfinite_steps:
+                report = write_nonfinite_diagnostics(
+                    workdir,
+                    done,
+                    make_grads_fn(graphdef, tokenizer.blank_id, config.loss),
+                    params,
+                    model_vars,
+                    batch,
+                    local,
+                    metrics,
+                    config.seed,
+                )
+                ckpt.wait()
+                raise TrainingDiverged(
+                    f"{nonfinite_run} steps in a row ({done - nonfinite_run + 1}..{done}) had a "
+                    f"non-finite loss or gradient (train.max_nonfinite_steps="
+                    f"{tr.max_nonfinite_steps}); diagnostics in {report}. The last checkpoint "
+                    f"is step {ckpt.latest_step()}: lower optim.peak_lr, check the data named "
+                    "there, or raise the limit."
+                )
+        else:
+            nonfinite_run = 0
         pending.append(metrics | {"audio_seconds": audio_s})
         steps_window += 1
         flops_window += flops
-        done = step + 1
-        if done % config.train.log_every == 0 or done in (num_steps, stop):
+        if done % tr.log_every == 0 or done in (num_steps, stop):
             fetched = jax.device_get(pending)
             times = goodput.window()
-            m = {k: float(np.mean([p[k] for p in fetched])) for k in fetched[0]}
+            # Means over the steps that updated (a skipped step's loss is not finite).
+            good = [p for p in fetched if not p["nonfinite"]] or fetched
+            m = {k: float(np.mean([p[k] for p in good])) for k in fetched[0]}
             sums = {
                 k: float(np.sum([p[k] for p in fetched]))
-                for k in ("audio_seconds", "skipped_infeasible", "skipped_label_overflow")
+                for k in (
+                    "audio_seconds",
+                    "skipped_infeasible",
+                    "skipped_label_overflow",
+                    "nonfinite",
+                )
             }
             wall = times["wall"]
             audio_per_s = sums["audio_seconds"] * jax.process_count() / wall
@@ -706,6 +920,7 @@ def _train_and_evaluate(config: ConfigDict, workdir: str, mesh) -> dict:
                 "train/audio_hours_per_s": audio_per_s / 3600,
                 "train/skipped_infeasible": sums["skipped_infeasible"],
                 "train/skipped_label_overflow": sums["skipped_label_overflow"],
+                "train/skipped_nonfinite_steps": sums["nonfinite"],
                 "perf/step_compute_ms": step_ms,
                 "perf/data_wait_ms": wait_ms,
                 "perf/goodput": goodput.goodput(),
@@ -728,26 +943,44 @@ def _train_and_evaluate(config: ConfigDict, workdir: str, mesh) -> dict:
                     if sums["skipped_infeasible"] or sums["skipped_label_overflow"]
                     else ""
                 )
+                + (
+                    f" | {sums['nonfinite']:.0f} non-finite steps skipped"
+                    if sums["nonfinite"]
+                    else ""
+                )
             )
             pending, steps_window, flops_window = [], 0, 0.0
-        if done % config.train.checkpoint_every == 0 or done in (num_steps, stop):
+        # Evaluate before saving, so the checkpoint carries its WER (best-checkpoint keeping).
+        eval_result = None
+        if (tr.eval_every and done % tr.eval_every == 0 and done < num_steps) or (
+            done == num_steps and tr.eval_at_end
+        ):
+            eval_result = run_eval(done)
+            result = eval_result if done == num_steps else result
+        preempted = preemption.reached(done)  # every process, every step
+        why = (
+            "preemption"
+            if preempted
+            else ("end of this run" if done in (num_steps, stop) else ckpt.due(done))
+        )
+        if why:
+            save(done, why, eval_result)
+        if preempted:
             with goodput.phase("checkpoint"):
-                ckpt.save(
-                    done,
-                    model={"params": params, "model_vars": model_vars},
-                    # A replicated global array: Orbax refuses host-local arrays on many hosts.
-                    train={
-                        "opt_state": opt_state,
-                        "step": jax.device_put(np.int32(done), replicated),
-                    },
-                    data_iter=train_iter,
-                )
+                ckpt.close()
+            preemption.close()
+            writer.close()
+            print(  # every process: each host's log shows where it stopped
+                f"preempted: all processes stopped after step {done} and saved checkpoint "
+                f"{done}; rerun the same command to resume",
+                flush=True,
+            )
+            return {"preempted_at_step": done}
         if mon.samples_every and done % mon.samples_every == 0:
             show_samples(done, local)
-        if config.train.eval_every and done % config.train.eval_every == 0 and done < num_steps:
-            run_eval(done)
     with goodput.phase("checkpoint"):
         ckpt.wait()
+    preemption.close()
     if stop > start:
         totals = goodput.totals()
         log(
@@ -755,6 +988,7 @@ def _train_and_evaluate(config: ConfigDict, workdir: str, mesh) -> dict:
             f"goodput {goodput.goodput():.0%} ("
             + ", ".join(f"{k} {v:.0f}s" for k, v in totals.items() if k != "wall" and v >= 0.5)
             + ")"
+            + (f"; {nonfinite_total} non-finite steps skipped" if nonfinite_total else "")
         )
     if stop < num_steps:
         log(f"stopping at step {stop} of {num_steps} (train.run_steps); rerun to resume")
@@ -763,7 +997,8 @@ def _train_and_evaluate(config: ConfigDict, workdir: str, mesh) -> dict:
         return {}
 
     # ---------------------------------------------------------- final evaluation
-    result = run_eval(num_steps) if config.train.eval_at_end else {}
+    if stop == start and tr.eval_at_end:  # a finished run, rerun: evaluate again
+        result = run_eval(num_steps)
     writer.close()
     ckpt.close()
     return result
@@ -786,12 +1021,36 @@ def main(argv: list[str]) -> None:
             raise UserError(str(e)) from e
         if how != "single":  # every process says it joined
             print(
-                f"jax.distributed: process {jax.process_index()} of {jax.process_count()} ({how})"
+                f"jax.distributed: process {jax.process_index()} of {jax.process_count()} "
+                f"({how}), pid {os.getpid()}",
+                flush=True,
             )
         train_and_evaluate(_CONFIG.value, _WORKDIR.value)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    except TrainingDiverged as e:
+        print(f"error: training diverged: {e}", file=sys.stderr)
+        sys.exit(3)
+    except Exception as e:
+        if jax.process_count() == 1:
+            raise
+        # In a multi-process job the usual cause is a peer that died: its collectives fail
+        # here (or the heartbeat times out). Say so, and leave at once: JAX's shutdown
+        # barrier would otherwise wait for the dead peer until the heartbeat timeout.
+        import traceback
+
+        traceback.print_exc()
+        first = (str(e).strip().splitlines() or [""])[0][:400]
+        print(
+            f"error: process {jax.process_index()} of {jax.process_count()} stopped: "
+            f"{type(e).__name__}: {first}\n(if another process died or was killed, this is "
+            "how the others stop: see its log; the job resumes from the last checkpoint)",
+            file=sys.stderr,
+            flush=True,
+        )
+        sys.stdout.flush()
+        os._exit(4)
 
 
 def parse_flags(argv: list[str]) -> list[str]:

@@ -433,6 +433,7 @@ def make_pipeline(
     prefetch: int = 2,
     speeds: Sequence[float] = (1.0,),
     augment: Augment | None = None,
+    with_text: bool | None = None,
 ) -> Pipeline:
     """Pipeline over `data_dir/split` prepared by `python -m data_prep.prepare`.
 
@@ -440,7 +441,8 @@ def make_pipeline(
     ``augment`` function applied to every waveform. train=False: one pass in corpus order,
     no augmentation. The corpus is split into ``loader_shards`` (0: one per process; else
     a multiple of ``process_count``) by `owned_records`; each process serves a contiguous
-    run of them and reads only their records.
+    run of them and reads only their records. Batches carry "text" and "id" lists when
+    ``with_text`` (default: for evaluation only).
     """
     index = records.read_split_index(data_dir, split)
     if index.sample_rate != spec.sample_rate:
@@ -477,7 +479,7 @@ def make_pipeline(
         [index.shard_paths[f] for f in files] if by_file else index.shard_paths,
         tokenizer_dir,
         spec,
-        with_text=not train,
+        with_text=not train if with_text is None else with_text,
         augment=augment if train else None,
         augment_seed=seed,
         records_in_paths=np.sort(np.concatenate([owners[q] for q in mine])) if by_file else None,

@@ -83,11 +83,13 @@ def test_two_processes_match_one_process_and_resume(corpus, tmp_path):
     # Same global batches and the same arithmetic up to the order of cross-process sums.
     np.testing.assert_allclose([got[s] for s in want], [want[s] for s in want], rtol=1e-5)
     # Adam divides each gradient by its running RMS, so where a gradient is ~0 a 1e-7
-    # difference in summation order moves that weight by up to ~lr per step: compare
-    # parameters to a tenth of the peak learning rate (2e-3), far below any real mismatch
-    # (a wrong batch or a missing all-reduce moves weights by ~lr everywhere).
-    jax.tree.map(
-        lambda a, b: np.testing.assert_allclose(a, b, atol=2e-4),
-        _params(multi),
-        _params(single),
+    # difference in summation order moves that weight by up to ~lr per step. A real
+    # mismatch (a wrong batch, a missing all-reduce) moves weights by ~lr everywhere; so:
+    # every weight within half the peak learning rate (2e-3), and all but a rare few
+    # (< 1%) within a tenth of it.
+    a, b = _params(multi), _params(single)
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-3), a, b)
+    far = sum(
+        int(np.sum(np.abs(x - y) > 2e-4)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))
     )
+    assert far < 0.01 * sum(x.size for x in jax.tree.leaves(a)), far
