@@ -23,3 +23,19 @@ def run_module(*args, check=True, env=None, timeout=900):
             f"{args} failed ({proc.returncode}):\n{proc.stdout[-6000:]}\n{proc.stderr[-4000:]}"
         )
     return proc
+
+
+def tiny_train_args(workdir, shards, *extra) -> list[str]:
+    """`jaxspeech.train` arguments for the tiny config on `shards`: a progress line every
+    step, no periodic samples, no final evaluation (the faults and multi-host tests)."""
+    return [
+        "--config",
+        "configs/demo.py:tiny",
+        "--workdir",
+        str(workdir),
+        f"--config.data.dir={shards}",
+        "--config.train.log_every=1",
+        "--config.train.eval_at_end=False",
+        "--config.monitor.samples_every=0",
+        *extra,
+    ]

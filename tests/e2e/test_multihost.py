@@ -12,7 +12,7 @@ from jaxspeech import checkpoint as ckpt_lib
 from jaxspeech import evaluate as eval_lib
 from jaxspeech.data.tokenizer import Tokenizer
 from jaxspeech.parallel import mesh as mesh_lib
-from tests.e2e.cli import run_module
+from tests.e2e.cli import run_module, tiny_train_args
 
 pytestmark = pytest.mark.slow
 
@@ -20,17 +20,11 @@ STEPS = 6
 
 
 def _train_args(workdir, shards, *extra):
-    return [
-        "--config",
-        "configs/demo.py:tiny",
-        "--workdir",
-        str(workdir),
-        f"--config.data.dir={shards}",
+    return tiny_train_args(
+        workdir,
+        shards,
         f"--config.train.num_steps={STEPS}",
-        "--config.train.log_every=1",
         "--config.train.checkpoint_every=2",
-        "--config.train.eval_at_end=False",
-        "--config.monitor.samples_every=0",
         # Two loader shards either way: the 1-process run reads both, each of the two
         # processes one, and the global batches are the same.
         "--config.data.loader_shards=2",
@@ -38,7 +32,7 @@ def _train_args(workdir, shards, *extra):
         "--config.mesh.fsdp=-1",
         "--config.mesh.tensor=2",
         *extra,
-    ]
+    )
 
 
 def _losses(workdir) -> dict[int, float]:
