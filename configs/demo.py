@@ -5,10 +5,12 @@ Run (what `make demo` does after preparing data/demo/shards):
   python -m jaxspeech.evaluate --workdir runs/demo --data data/demo/shards --split test
 
 Variants (`--config configs/demo.py:NAME`):
-  (default) 1,350 steps, 20.6 min of training on 2 CPU cores (goodput 91%: 71 s of
-            compilation). Test CER 14.9% / WER 51.5% (3 held-out voices, unseen
-            sentences), dev CER 14.1% / WER 48.9% (2 other held-out voices). The run
-            before (other per-step random draws, 21.4 min): 14.1% / 50.7%, dev 14.0%;
+  (default) 1,350 steps, 20.6 min of training on 2 CPU cores (goodput 90%: 80 s of
+            compilation). Test CER 14.5% / WER 50.5% (3 held-out voices, unseen
+            sentences), dev CER 14.2% / WER 50.7% (2 other held-out voices). Before the
+            non-finite test in the step (another compiled program): 14.9% / 51.5%, dev
+            14.1%; before that (other per-step random draws, 21.4 min): 14.1% / 50.7%,
+            dev 14.0%;
             before the speaker-grouped shards and per-process loader: 14.7 / 14.7%.
   long      1,800 steps of the same recipe, 31.1 min of training: test CER 13.1% / WER
             47.5%, dev CER 12.8% / WER 46.5% (measured with the previous loader).
