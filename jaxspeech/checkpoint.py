@@ -343,14 +343,25 @@ class Checkpointer:
         if data_iter is not None:
             args[DATA_ITER] = grain.checkpoint.CheckpointRestore(data_iter)
         out = dict(self.manager.restore(step, args=ocp.args.Composite(**args)).items())
-        expected = self.meta(step).get("params_fingerprint")
-        if verify and expected is not None:
-            got = fingerprint(out[MODEL]["params"])
-            if got != expected:
-                raise CheckpointError(
-                    f"parameter fingerprint {got} differs from the saved {expected}"
-                )
+        if verify and (problem := self.verify(step, out[MODEL]["params"])):
+            raise CheckpointError(problem)
         return out
+
+    def verify(self, step: int, params: Any) -> str | None:
+        """Why `params` are not what `step` saved (fingerprint or metadata), or None.
+
+        The fingerprint is a collective: every process computes it, whatever its own read
+        of the metadata gave, so a failure on one process cannot leave the others waiting.
+        """
+        try:
+            expected = self.meta(step).get("params_fingerprint")
+            problem = None
+        except Exception as e:  # noqa: BLE001 - unreadable metadata is corruption
+            expected, problem = None, f"unreadable metadata: {type(e).__name__}: {e}"
+        got = fingerprint(params)
+        if problem is None and expected is not None and got != expected:
+            problem = f"parameter fingerprint {got} differs from the saved {expected}"
+        return problem
 
     def restore_latest(
         self, *, warn: Callable[[str], None], **restore_kwargs
@@ -367,13 +378,17 @@ class Checkpointer:
             if restore_kwargs.get("abstract_train") is not None:
                 abstract[TRAIN] = restore_kwargs["abstract_train"]
             self.check_compatible(step, abstract)
+            # Read everywhere, agree, then verify everywhere: a process whose read failed
+            # must not skip a collective (the fingerprint) the others are in.
             error = None
             try:
-                restored = self.restore(step, **restore_kwargs)
+                restored = self.restore(step, verify=False, **restore_kwargs)
             except Exception as e:  # noqa: BLE001 - any failure to read is corruption here
                 error = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]}"
             if all_processes(error is None):
-                return step, restored
+                error = self.verify(step, restored[MODEL]["params"])
+                if all_processes(error is None):
+                    return step, restored
             previous = [s for s in self.all_steps() if s < step]
             warn(
                 f"WARNING: checkpoint {step} is corrupt or incomplete ("

@@ -208,7 +208,7 @@ def test_corrupt_latest_checkpoint_falls_back_and_bad_configs_are_refused(corpus
     meta["params_fingerprint"] = "0" * 32
     json.dump(meta, open(meta_path, "w"))
     out = run_module("jaxspeech.train", *tiny_args(run, shards, *base)).stdout
-    assert "WARNING: checkpoint 4 is corrupt or incomplete (CheckpointError: parameter " in out
+    assert "WARNING: checkpoint 4 is corrupt or incomplete (parameter fingerprint " in out
     assert "resumed from step 2" in out and "100% 6/6" in out
     assert [d.split("-")[0] for d in os.listdir(run / "checkpoints_corrupt")] == ["4"]
 
