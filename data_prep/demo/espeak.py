@@ -14,7 +14,7 @@ Determinism: for the same sequence of calls in a fresh process the output is bit
 It is NOT independent of earlier calls in the same process: the wave generator carries
 static state (pitch-flutter phase, glottal cycle, agc) from one utterance to the next that
 the API cannot reset. Callers that need per-utterance reproducibility must fix the order
-of calls per process (see `data_prep.synth_demo`).
+of calls per process (see `data_prep.demo.synth`).
 """
 
 from __future__ import annotations

@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from data_prep import sentences, synth_demo
-from data_prep.espeak import Espeak, EspeakError
+from data_prep.demo import sentences, synth
+from data_prep.demo.espeak import Espeak, EspeakError
 
 TINY_HOURS = "0.02"  # ~30 utterances: every speaker once, a few seconds of synthesis
 
 
 def _run(out, seed=0, workers=1):
-    return synth_demo.main(
+    return synth.main(
         [
             "--output",
             str(out),
@@ -52,7 +52,7 @@ def corpora(tmp_path_factory):
     # Small render chunks so the train split spans several worker processes, exercising
     # the fresh-process-per-chunk rule that makes output independent of --workers.
     mp = pytest.MonkeyPatch()
-    mp.setattr(synth_demo, "CHUNK_SIZE", 8)
+    mp.setattr(synth, "CHUNK_SIZE", 8)
     base = tmp_path_factory.mktemp("synth")
     try:
         dirs = {"w1": base / "w1", "w2": base / "w2", "seed1": base / "seed1"}
@@ -70,7 +70,7 @@ def test_manifests_and_audio(corpora):
     dirs, infos = corpora
     root = dirs["w1"]
     ids = set()
-    for split in synth_demo.SPLITS:
+    for split in synth.SPLITS:
         rows = _manifest(root, split)
         assert rows and infos["w1"]["splits"][split]["utterances"] == len(rows)
         for row in rows:
@@ -91,15 +91,15 @@ def test_manifests_and_audio(corpora):
             loud = np.flatnonzero(np.abs(samples.astype(np.int32)) > 0.01 * 32768)
             assert loud[0] / 16000 < 0.25 and (len(samples) - loud[-1]) / 16000 < 0.25
     info = json.loads((root / "corpus_info.json").read_text())
-    assert info["seed"] == 0 and info["generator_version"] == synth_demo.GENERATOR_VERSION
-    assert info["distinct_words"] > 0 and set(info["splits"]) == set(synth_demo.SPLITS)
-    assert not (root / synth_demo.PARTIAL_FILE).exists()
+    assert info["seed"] == 0 and info["generator_version"] == synth.GENERATOR_VERSION
+    assert info["distinct_words"] > 0 and set(info["splits"]) == set(synth.SPLITS)
+    assert not (root / synth.PARTIAL_FILE).exists()
 
 
 def test_splits_disjoint_and_held_out_speakers(corpora):
     dirs, _ = corpora
     texts, speakers = {}, {}
-    for split in synth_demo.SPLITS:
+    for split in synth.SPLITS:
         rows = _manifest(dirs["w1"], split)
         texts[split] = {r["text"] for r in rows}
         speakers[split] = {r["speaker"] for r in rows}
@@ -112,8 +112,8 @@ def test_splits_disjoint_and_held_out_speakers(corpora):
     assert len(speakers["dev"]) == 2 and not speakers["dev"] & speakers["train"]
     assert len(speakers["train"]) >= 20
     # Held-out speakers are new timbres (variants), in accents that train covers.
-    train_spk = [s for s in synth_demo.SPEAKERS if s.split == "train"]
-    for s in synth_demo.SPEAKERS:
+    train_spk = [s for s in synth.SPEAKERS if s.split == "train"]
+    for s in synth.SPEAKERS:
         if s.split != "train":
             assert s.variant not in {t.variant for t in train_spk}
             assert s.accent in {t.accent for t in train_spk}
@@ -128,7 +128,7 @@ def test_deterministic_across_workers_and_seeds(corpora):
 
 def test_output_dir_rules(corpora, tmp_path, monkeypatch, capsys):
     dirs, _ = corpora
-    monkeypatch.setattr(synth_demo, "CHUNK_SIZE", 8)  # as the fixture built it
+    monkeypatch.setattr(synth, "CHUNK_SIZE", 8)  # as the fixture built it
     # Another seed into an existing corpus: refused, nothing touched.
     before = _digest(dirs["w2"])
     with pytest.raises(SystemExit):
@@ -150,7 +150,7 @@ def test_output_dir_rules(corpora, tmp_path, monkeypatch, capsys):
 
 def test_sentence_generator_vocabulary():
     # As many sentences as the default corpus (3 h, seed 0) has utterances.
-    n = len(synth_demo.plan_corpus(3.0, 0))
+    n = len(synth.plan_corpus(3.0, 0))
     gen = sentences.SentenceGenerator(0)
     batch = gen.take(n)
     assert len({s.text for s in batch}) == n

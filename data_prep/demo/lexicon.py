@@ -1,4 +1,4 @@
-"""English word lists for the synthetic demo corpus (`data_prep.sentences`).
+"""English word lists for the synthetic demo corpus (`data_prep.demo.sentences`).
 
 Plain Python strings rather than data files so they ship with the package without any
 package-data configuration. Every entry is lowercase a-z (plus an apostrophe where English
@@ -6,7 +6,7 @@ has one), ordinary enough that espeak-ng pronounces it from its dictionary or ru
 
 Notation:
   nouns: ``singular`` or ``singular:plural`` for irregular plurals; regular plurals are
-    derived in `data_prep.sentences` (box -> boxes, city -> cities, ...).
+    derived in `data_prep.demo.sentences` (box -> boxes, city -> cities, ...).
   verbs: ``base`` or ``base:past:participle`` for irregular verbs; a trailing ``*`` on the
     base doubles its final consonant before -ed/-ing (stop* -> stopped, stopping).
 Words may appear in more than one list; the generator deduplicates.

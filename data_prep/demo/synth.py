@@ -1,6 +1,6 @@
 """Synthesize the multi-speaker English demo corpus with espeak-ng.
 
-    python -m data_prep.synth_demo --output DIR [--hours 3] [--seed 0] [--workers N]
+    python -m data_prep.demo.synth --output DIR [--hours 3] [--seed 0] [--workers N]
 
 Writes, for each split in (train, dev, test):
     DIR/<split>/audio/<split>-<speaker>-<n>.wav   16 kHz mono PCM16
@@ -10,7 +10,7 @@ and DIR/corpus_info.json (per-split utterances, hours, speakers, distinct words;
 Speakers are espeak-ng English accents x voice variants x a base rate/pitch/range. Test and
 dev speakers are held out: their variants (timbres) never occur in train, though their
 accents do, so held-out error measures generalization to new voices. Sentences come from
-one stream of distinct sentences (`data_prep.sentences`), so no text is in two splits.
+one stream of distinct sentences (`data_prep.demo.sentences`), so no text is in two splits.
 
 Determinism: everything (sentence, speaker, rate, pitch, gain, silences, noise seed) is
 planned in the parent from --seed; workers only render. libespeak-ng carries hidden state
@@ -35,8 +35,8 @@ import numpy as np
 import soundfile as sf
 import soxr
 
-from data_prep import espeak
-from data_prep import sentences as sentences_lib
+from data_prep.demo import espeak
+from data_prep.demo import sentences as sentences_lib
 
 # Bump when anything that changes the output (speakers, planning, rendering) changes.
 GENERATOR_VERSION = 2  # 2: 48 train speakers (was 24)
@@ -431,7 +431,7 @@ def build_corpus(
                 )
 
     info = {
-        "generator": "data_prep.synth_demo",
+        "generator": "data_prep.demo.synth",
         **identity,
         "sample_rate": SAMPLE_RATE,
         "splits": {},
@@ -489,7 +489,7 @@ def build_corpus(
 def main(argv: Sequence[str] | None = None) -> dict:
     """CLI entry point; returns the corpus_info dict (for tests)."""
     parser = argparse.ArgumentParser(
-        prog="python -m data_prep.synth_demo", description=__doc__.split("\n\n")[0]
+        prog="python -m data_prep.demo.synth", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--output", required=True, help="corpus directory (created)")
     parser.add_argument("--hours", type=float, default=3.0, help="total hours of audio")

@@ -1,6 +1,6 @@
 """Deterministic English sentence generator for the synthetic demo corpus.
 
-A small phrase-structure grammar over the word lists in `data_prep.lexicon`: statements in
+A small phrase-structure grammar over the word lists in `data_prep.demo.lexicon`: statements in
 several tenses (with negation and contractions), yes/no and wh-questions, imperatives,
 subordinate and relative clauses, comparisons, weather, and number/time/date phrases, all
 with subject-verb agreement and correct irregular inflections.
@@ -21,7 +21,7 @@ import random
 import re
 from collections.abc import Iterator, Sequence
 
-from data_prep import lexicon
+from data_prep.demo import lexicon
 
 # Bump when the grammar or word lists change: recorded in corpus_info.json so a corpus
 # can be traced to the generator that made it.

@@ -1,0 +1,8 @@
+"""The synthetic espeak-ng demo corpus generator.
+
+    python -m data_prep.demo.synth --output DIR [--hours 3] [--seed 0] [--workers N]
+
+`synth` plans and renders the multi-speaker English corpus, `sentences` and `lexicon` make
+its text, `espeak` wraps libespeak-ng. The readers of real corpora
+are in `data_prep.readers`, the sharding job in `data_prep.prepare`.
+"""
