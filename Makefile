@@ -34,7 +34,7 @@ install-dev: $(VENV)/.installed-dev
 # Order-only on the install: reinstalling after a pyproject.toml change must not
 # re-synthesize (or re-prepare) a corpus that is already there.
 $(DEMO_DATA)/raw/.done: | $(VENV)/.installed
-	$(PY) -m data_prep.synth_demo --output $(DEMO_DATA)/raw --hours $(DEMO_HOURS) --seed 0
+	$(PY) -m data_prep.demo.synth --output $(DEMO_DATA)/raw --hours $(DEMO_HOURS) --seed 0
 	touch $@
 
 # The splits are independent Beam jobs (each stages into its own directory; only train

@@ -14,41 +14,48 @@ synthesized and prepared first, as tests/e2e/conftest.py does (0.06 h, char toke
 1. Reference: the command once, uninterrupted, in DIR/reference; its wall time is timed
    (process start to exit).
 2. Chaos: the same command in DIR/chaos, as subprocesses whose merged stdout/stderr is read
-   line by line in a thread that stamps each line's arrival time. D disruptions, their
-   kinds drawn from --seed (with D >= 3 at least one of each; always at least one kill
-   during a save):
+   line by line in a thread that stamps each line's arrival time, while the driver reads
+   the lifecycle events the trainer appends to DIR/chaos/events.jsonl
+   (`jaxspeech.monitor.read_events`, polled every POLL_S). The console gives only the
+   progress line of each step (when it finished); where a run started, its saves,
+   commits, resume, preemption and corrupt-checkpoint fallbacks come from the events.
+   D disruptions, their kinds drawn from --seed (with D >= 3 at least one of each; always
+   at least one kill during a save):
    - `sigkill_step`: SIGKILL once the progress line of a random step k has arrived;
-   - `sigkill_save`: SIGKILL as soon as a `checkpoint N (...): saving in the background`
-     line arrives, i.e. while Orbax is still writing step N asynchronously;
+   - `sigkill_save`: SIGKILL as soon as the `checkpoint_saved` event of step N appears,
+     i.e. while Orbax is still writing step N asynchronously;
    - `sigterm_step`: SIGTERM once step k's progress line has arrived (the trainer finishes
-     the step in flight, saves, prints `preempted: ...` and exits 0).
+     the step in flight, saves, writes a `preempted` event and exits 0).
    After each disruption the same command is started again; after the D-th it runs to the
-   end. The trigger of run i is drawn (from the same seeded generator) once the run says
-   where it starts (`training steps A -> S`): k uniformly from the i-th of D equal slices
-   of steps 1..S-1, moved to start after A, so the disruptions spread over the whole run
-   and every run makes progress past the step it resumed from (a kill before the first
-   step would only repeat the compilation). `sigkill_save` waits for the first save of
-   the schedule (a multiple of C) from the slice's start on; with none left before S it
-   falls back to `sigkill_step`.
+   end (its `finished` event). The trigger of run i is drawn (from the same seeded
+   generator) once the run says where it starts (its `started` event, step A): k
+   uniformly from the i-th of D equal slices of steps 1..S-1, moved to start after A, so
+   the disruptions spread over the whole run and every run makes progress past the step
+   it resumed from (a kill before the first step would only repeat the compilation).
+   `sigkill_save` waits for the first save of the schedule (a multiple of C) from the
+   slice's start on; with none left before S it falls back to `sigkill_step`.
 3. Verify: the final parameters (and feature statistics) of both runs, read with
-   `jaxspeech.checkpoint.load_model`, equal bit for bit (every leaf: dtype, shape,
-   `np.array_equal` and the raw bytes), and `jaxspeech.train.read_batch_ids` gives the
+   `jaxspeech.state.load_run`, equal bit for bit (every leaf: dtype, shape,
+   `np.array_equal` and the raw bytes), and `jaxspeech.monitor.read_batch_ids` gives the
    same utterance ids for every step 1..S (the same data order: nothing skipped or
    repeated across restarts); a step trained twice (before a kill and after it) must have
    read the same utterances both times.
 
-Recorded per disruption: kind, trigger_step (the step whose line made the driver signal;
-for `sigkill_save` the step being saved), last_step (the last step the run printed as
-completed, lines read to EOF, so it includes a step that finished between the signal
-being sent and the process dying), committed (the latest committed checkpoint in
-RUN/checkpoints once the process was gone), resumed (the step the next run restored:
-`resumed from step N in X.Xs`), steps_lost = last_step - resumed, seconds_lost = time the
-signal was sent - time the killed run first had the state of step `resumed` (its progress
-line of that step, or, when that is the step the run itself started from, its `training
-steps A -> S` line; 0 when nothing was lost), restore_s (the X.X of the restart's
-`resumed from` line: reading and verifying the checkpoint), restart_to_step_s (restart
-process start to its first progress line: imports, restore, compilation), exit code
-(-9 for SIGKILL; SIGTERM must give 0 and lose 0 steps).
+Recorded per disruption: kind, trigger_step (the step whose progress line or
+`checkpoint_saved` event made the driver signal; for `sigkill_save` the step being saved),
+last_step (the last step the run printed as completed, lines read to EOF, so it includes a
+step that finished between the signal being sent and the process dying), committed (the
+latest committed checkpoint in RUN/checkpoints once the process was gone: what a restart
+finds; `committed_reported` is the latest `checkpoint_committed` event by then, which can
+miss a commit Orbax finished just before a SIGKILL), resumed (the step the next run
+restored: its `started` event, confirmed by its `resumed` event), steps_lost = last_step -
+resumed, seconds_lost = time the signal was sent - time the killed run first had the
+state of step `resumed` (its progress line of that step, or, when that is the step the
+run itself started from, the time of its `started` event; 0 when nothing was lost),
+restore_s (the `seconds` of the restart's `resumed` event: reading and verifying the
+checkpoint), corrupt (checkpoints the restart set aside: `checkpoint_corrupt` events),
+restart_to_step_s (restart process start to its first progress line: imports, restore,
+compilation), exit code (-9 for SIGKILL; SIGTERM must give 0 and lose 0 steps).
 
 Summary: max_steps_lost, max_seconds_lost, mean_restore_s, resumed_latest_committed (every
 restart restored exactly the latest committed checkpoint), params_bitwise_equal,
@@ -81,7 +88,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -93,35 +100,110 @@ QUICK = {"steps": 16, "disruptions": 3}
 FULL = {"steps": 40, "disruptions": 8}
 RUN_TIMEOUT_S = 900.0  # one trainer process; tiny takes about a minute
 
+POLL_S = 0.01  # how often the driver reads RUN/events.jsonl while a run is alive
+
+# The console's progress line of a step ("[###...]  25% 4/16 | ..."): the only thing the
+# driver reads from the console (when each step finished). Lifecycle facts (where a run
+# started, saves, commits, resumes, preemption, corrupt checkpoints) come from
+# RUN/events.jsonl (`jaxspeech.monitor.read_events`).
 _PROGRESS = re.compile(r"\]\s+\d+% (\d+)/(\d+) \|")
-_SAVING = re.compile(r"^checkpoint (\d+) \((.*)\): saving")
-_RESUMED = re.compile(r"^resumed from step (\d+) in ([\d.]+)s")
-_TRAINING = re.compile(r"^training steps (\d+) -> (\d+)")
-_PREEMPTED = re.compile(r"^preempted: all processes stopped after step (\d+)")
-_CORRUPT = re.compile(r"^WARNING: checkpoint (\d+) is corrupt")
+_CORRUPT_STEP = re.compile(r"checkpoint (\d+) is corrupt")
 
 
 # ------------------------------------------------------------------------------------
 # Pure helpers (tested in tests/test_chaos_bench.py).
 # ------------------------------------------------------------------------------------
-def parse_line(line: str) -> dict | None:
-    """What a trainer line says, or None: {"progress": step}, {"saving": step, "why"},
-    {"resumed": step, "restore_s"}, {"training": start, "stop"}, {"preempted": step},
-    {"corrupt": step}."""
-    line = line.strip()
-    if m := _PROGRESS.search(line):
-        return {"progress": int(m.group(1)), "total": int(m.group(2))}
-    if m := _SAVING.match(line):
-        return {"saving": int(m.group(1)), "why": m.group(2)}
-    if m := _RESUMED.match(line):
-        return {"resumed": int(m.group(1)), "restore_s": float(m.group(2))}
-    if m := _TRAINING.match(line):
-        return {"training": int(m.group(1)), "stop": int(m.group(2))}
-    if m := _PREEMPTED.match(line):
-        return {"preempted": int(m.group(1))}
-    if m := _CORRUPT.match(line):
-        return {"corrupt": int(m.group(1))}
+def parse_progress(line: str) -> tuple[int, int] | None:
+    """(step, num_steps) of a console progress line, or None for any other line."""
+    if m := _PROGRESS.search(line.strip()):
+        return int(m.group(1)), int(m.group(2))
     return None
+
+
+def new_run_record(t_start: float) -> dict:
+    """A run's record before it says anything."""
+    return {
+        "start_t": t_start,
+        "start_step": None,  # `started` event
+        "training_t": None,  # its time
+        "resumed_step": None,  # `resumed` event
+        "restore_s": None,
+        "step_t": {},  # console progress lines: arrival time of each step's first line
+        "saves": [],  # `checkpoint_saved` events: [step, seconds after start]
+        "committed_reported": [],  # `checkpoint_committed` events
+        "last_step": None,
+        "preempted": None,  # `preempted` event
+        "finished": None,  # `finished` event
+        "corrupt": [],  # `checkpoint_corrupt` events: the step set aside
+        "trigger": None,
+        "signal": None,
+        "signal_t": None,
+        "first_step_t": None,
+    }
+
+
+def corrupt_step(event: dict) -> int | None:
+    """The step a `checkpoint_corrupt` event set aside (its `step`, else the step its
+    message names)."""
+    if event.get("step") is not None:
+        return int(event["step"])
+    m = _CORRUPT_STEP.search(event.get("message", ""))
+    return int(m.group(1)) if m else None
+
+
+def apply_event(run: dict, event: dict) -> None:
+    """Record one lifecycle event of RUN/events.jsonl in a run's record."""
+    kind, t = event["event"], event["time"]
+    if kind == "started":
+        run["start_step"], run["training_t"] = event["step"], t
+    elif kind == "resumed":
+        run["resumed_step"], run["restore_s"] = event["step"], event["seconds"]
+    elif kind == "checkpoint_saved":
+        run["saves"].append([event["step"], round(t - run["start_t"], 3)])
+    elif kind == "checkpoint_committed":
+        run["committed_reported"].append(event["step"])
+    elif kind == "checkpoint_corrupt":
+        run["corrupt"].append(corrupt_step(event))
+    elif kind == "preempted":
+        run["preempted"] = event["step"]
+        run["last_step"] = max(run["last_step"] or 0, event["step"])
+    elif kind == "finished":
+        run["finished"] = event["step"]
+
+
+def apply_progress(run: dict, step: int, t: float) -> None:
+    """Record a console progress line of `step` that arrived at `t`."""
+    run["step_t"].setdefault(step, t)
+    run["first_step_t"] = run["first_step_t"] or t
+    run["last_step"] = max(run["last_step"] or 0, step)
+
+
+def fires(trigger: tuple[str, int] | list | None, *, progress=None, saved=None) -> bool:
+    """Whether a progress line of step `progress`, or a `checkpoint_saved` event of step
+    `saved`, is the moment of this run's disruption."""
+    if not trigger:
+        return False
+    kind, step = trigger
+    if kind == "sigkill_save":
+        return saved is not None and saved == step
+    return progress is not None and progress == step
+
+
+class EventFollower:
+    """The events a run appends to RUN/events.jsonl: `poll()` returns those written since
+    the last call (the file holds every earlier run's events too)."""
+
+    def __init__(self, workdir: str):
+        from jaxspeech import monitor
+
+        self._read = monitor.read_events
+        self.workdir = workdir
+        self.seen = len(self._read(workdir))
+
+    def poll(self) -> list[dict]:
+        events = self._read(self.workdir)
+        new, self.seen = events[self.seen :], len(events)
+        return new
 
 
 def plan_kinds(disruptions: int, seed: int) -> list[str]:
@@ -173,7 +255,7 @@ def choose_trigger(
 
 def first_reached(run: dict, step: int) -> float | None:
     """When a run first had the state of `step`: its progress line of `step`, or, for
-    the step it started from, its `training steps` line."""
+    the step it started from, its `started` event."""
     if step == run.get("start_step") and run.get("training_t") is not None:
         return run["training_t"]
     return run["step_t"].get(step)
@@ -217,7 +299,11 @@ def summarize(events: list[dict]) -> dict:
 # ------------------------------------------------------------------------------------
 # Running the trainer.
 # ------------------------------------------------------------------------------------
-def train_command(workdir: str, data: str, steps: int, every: int) -> list[str]:
+def train_command(
+    workdir: str, data: str, steps: int, every: int, extra: Sequence[str] = ()
+) -> list[str]:
+    """The trainer's command line; `extra`: more `--config.` overrides (the tests share
+    one compilation cache between runs and skip the FLOP count)."""
     return [
         sys.executable,
         "-u",
@@ -234,6 +320,7 @@ def train_command(workdir: str, data: str, steps: int, every: int) -> list[str]:
         "--config.monitor.log_batch_ids=True",
         "--config.monitor.samples_every=0",
         "--config.train.eval_at_end=False",
+        *extra,
     ]
 
 
@@ -249,6 +336,8 @@ def run_trainer(
 ) -> dict:
     """Run the trainer once; `choose(start_step)` -> (kind, step) | None picks this
     run's disruption once the run says where it starts. Returns the run's record."""
+    workdir = cmd[cmd.index("--workdir") + 1]
+    events = EventFollower(workdir)  # from the end of the previous runs' events
     t_start = time.time()
     proc = subprocess.Popen(
         cmd,
@@ -267,88 +356,75 @@ def run_trainer(
         lines.put((time.time(), None))
 
     threading.Thread(target=reader, daemon=True).start()
-    run = {
-        "start_t": t_start,
-        "start_step": None,
-        "training_t": None,
-        "restore_s": None,
-        "step_t": {},
-        "saves": [],
-        "last_step": None,
-        "preempted": None,
-        "corrupt": [],
-        "trigger": None,
-        "signal": None,
-        "signal_t": None,
-        "first_step_t": None,
-    }
+    run = new_run_record(t_start)
     try:
-        _follow(proc, lines, run, log_path, choose, t_start, timeout_s, cmd)
+        _follow(proc, lines, events, run, log_path, choose, t_start, timeout_s, cmd)
     finally:
         if proc.poll() is None:  # the driver failed or was interrupted: no orphan trainer
             proc.kill()
             proc.wait()
     run["end_t"] = time.time()
     run["wall_s"] = run["end_t"] - t_start
-    ckpts = os.path.join(cmd[cmd.index("--workdir") + 1], "checkpoints")
-    run["committed_after"] = committed_steps(os.path.dirname(ckpts))
-    # Orbax's temporary directory of a save the process did not live to commit.
+    # What a restart will find: Orbax's committed steps on disk (a SIGKILL can land
+    # between a save's commit and the trainer's `checkpoint_committed` event) ...
+    run["committed_after"] = committed_steps(workdir)
+    # ... and the temporary directory of a save the process did not live to commit.
+    ckpts = os.path.join(workdir, "checkpoints")
     run["uncommitted_after"] = (
         sorted(n for n in os.listdir(ckpts) if "tmp" in n) if os.path.isdir(ckpts) else []
     )
     return run
 
 
-def _follow(proc, lines, run, log_path, choose, t_start, timeout_s, cmd) -> None:
-    """Read the run's lines as they arrive, fire its disruption, wait for its exit."""
+def _follow(proc, lines, events, run, log_path, choose, t_start, timeout_s, cmd) -> None:
+    """Read the run's console lines and lifecycle events as they arrive, fire its
+    disruption, wait for its exit."""
     trigger = None
     with open(log_path, "w", encoding="utf-8") as log:
+
+        def send(sig) -> None:
+            run["signal_t"] = time.time()
+            proc.send_signal(sig)
+            run["signal"] = sig.name
+            log.write(f"{run['signal_t'] - t_start:8.3f} [chaos] sent {sig.name}\n")
+
         while True:
             left = t_start + timeout_s - time.time()
-            try:
-                t, line = lines.get(timeout=max(left, 0.01))
-            except queue.Empty:
+            if left <= 0:
                 proc.kill()
                 proc.wait()
                 raise RuntimeError(
                     f"trainer ran past {timeout_s:.0f} s; killed. Command:\n{' '.join(cmd)}\n"
                     f"log: {log_path}"
-                ) from None
-            if line is None:
-                break
-            log.write(f"{t - t_start:8.3f} {line}")
-            info = parse_line(line) or {}
-            fire = False
-            if "training" in info:
-                run["start_step"], run["training_t"] = info["training"], t
-                if choose is not None:
-                    trigger = choose(info["training"])
-                    run["trigger"] = list(trigger) if trigger else None
-            elif "resumed" in info:
-                run["restore_s"] = info["restore_s"]
-            elif "progress" in info:
-                step = info["progress"]
-                run["step_t"].setdefault(step, t)
-                run["first_step_t"] = run["first_step_t"] or t
-                run["last_step"] = max(run["last_step"] or 0, step)
-                fire = bool(trigger) and trigger[0] != "sigkill_save" and step == trigger[1]
-            elif "saving" in info:
-                run["saves"].append([info["saving"], t - t_start])
-                fire = (
-                    bool(trigger) and trigger[0] == "sigkill_save" and info["saving"] == trigger[1]
                 )
-            elif "preempted" in info:
-                run["preempted"] = info["preempted"]
-                run["last_step"] = max(run["last_step"] or 0, info["preempted"])
-            elif "corrupt" in info:
-                run["corrupt"].append(info["corrupt"])
-            if fire and run["signal"] is None:
-                sig = signal.SIGTERM if trigger[0] == "sigterm_step" else signal.SIGKILL
-                run["signal_t"] = time.time()
-                proc.send_signal(sig)
-                run["signal"] = sig.name
-                log.write(f"{run['signal_t'] - t_start:8.3f} [chaos] sent {sig.name}\n")
+            try:
+                t, line = lines.get(timeout=min(left, POLL_S))
+            except queue.Empty:
+                t, line = None, ""  # no console line: only the events file is read
+            # Events first: every event written before this line was printed is on disk.
+            for ev in events.poll():
+                log.write(f"{ev['time'] - t_start:8.3f} [event] {json.dumps(ev)}\n")
+                apply_event(run, ev)
+                if ev["event"] == "started" and choose is not None:
+                    trigger = choose(ev["step"])
+                    run["trigger"] = list(trigger) if trigger else None
+                saved = ev["step"] if ev["event"] == "checkpoint_saved" else None
+                if run["signal"] is None and fires(trigger, saved=saved):
+                    send(signal.SIGKILL)
+            if line is None:  # end of output: the process is gone
+                break
+            if not line:
+                continue
+            log.write(f"{t - t_start:8.3f} {line}")
+            progress = parse_progress(line)
+            if progress is not None:
+                apply_progress(run, progress[0], t)
+                if run["signal"] is None and fires(trigger, progress=progress[0]):
+                    send(signal.SIGTERM if trigger[0] == "sigterm_step" else signal.SIGKILL)
         run["exit_code"] = proc.wait(timeout=max(t_start + timeout_s - time.time(), 1))
+        for ev in events.poll():  # anything written after its last console line
+            log.write(f"{ev['time'] - t_start:8.3f} [event] {json.dumps(ev)}\n")
+            apply_event(run, ev)
 
 
 def _check_run(run: dict, cmd: list[str], log_path: str, expect_ok: bool) -> None:
@@ -375,7 +451,7 @@ def make_corpus(root: str) -> str:
         if proc.returncode != 0:
             raise RuntimeError(f"{args} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
 
-    module("data_prep.synth_demo", "--output", raw, "--hours", "0.06", "--seed", "1")
+    module("data_prep.demo.synth", "--output", raw, "--hours", "0.06", "--seed", "1")
     for split in ("train", "dev", "test"):
         module(
             "data_prep.prepare",
@@ -402,17 +478,13 @@ def final_model(workdir: str) -> tuple[int, dict]:
     """(step, {"params", "model_vars"} as numpy) of a run's latest checkpoint."""
     import jax
 
-    from jaxspeech import checkpoint as ckpt_lib
-    from jaxspeech import evaluate as eval_lib
-    from jaxspeech.data.tokenizer import Tokenizer
+    from jaxspeech import state as state_lib
     from jaxspeech.parallel import mesh as mesh_lib
 
-    config = eval_lib.load_run_config(workdir)
-    tok = Tokenizer.load(os.path.join(workdir, "assets", "tokenizer"))
     mesh = mesh_lib.make_mesh({"data": 1}, devices=jax.devices()[:1])
-    _, abs_params, abs_vars, _, _ = eval_lib.abstract_model(config, tok.vocab_size, mesh)
-    step, model = ckpt_lib.load_model(workdir, {"params": abs_params, "model_vars": abs_vars})
-    return step, jax.tree.map(np.asarray, model)
+    run = state_lib.load_run(workdir, mesh=mesh)
+    model = {"params": run.params, "model_vars": run.model_vars}
+    return run.step, jax.tree.map(np.asarray, model)
 
 
 def trees_bitwise_equal(a, b) -> tuple[bool, list[str]]:
@@ -447,7 +519,7 @@ def batch_id_lines(workdir: str) -> dict[int, list[list[str]]]:
 def verify(reference: str, chaos: str, steps: int) -> dict:
     from absl import logging as absl_logging
 
-    from jaxspeech.train import read_batch_ids
+    from jaxspeech.monitor import read_batch_ids
 
     verbosity = absl_logging.get_verbosity()
     absl_logging.set_verbosity(absl_logging.ERROR)  # read-only managers warn about it
@@ -491,6 +563,7 @@ def run_chaos(
     out: str | None = None,
     quick: bool = False,
     verbose: bool = True,
+    extra_args: Sequence[str] = (),
 ) -> dict:
     """Reference run, chaos runs, verification; returns (and writes to `out`) the result."""
     say = print if verbose else (lambda *a, **k: None)
@@ -512,18 +585,21 @@ def run_chaos(
 
     # ---------------------------------------------------------- reference
     say(f"reference: {steps} steps, checkpoint every {every}, uninterrupted", flush=True)
-    ref_cmd = train_command(ref_dir, data, steps, every)
+    ref_cmd = train_command(ref_dir, data, steps, every, extra_args)
     ref_log = os.path.join(logs, "reference.log")
     ref = run_trainer(ref_cmd, ref_log)
     _check_run(ref, ref_cmd, ref_log, expect_ok=True)
-    if ref["last_step"] != steps:
-        raise RuntimeError(f"reference stopped at step {ref['last_step']}; log: {ref_log}")
+    if ref["last_step"] != steps or ref["finished"] != steps:
+        raise RuntimeError(
+            f"reference stopped at step {ref['last_step']} (finished: {ref['finished']}); "
+            f"log: {ref_log}"
+        )
     say(f"reference: {ref['wall_s']:.1f} s", flush=True)
 
     # ---------------------------------------------------------- chaos
     kinds = plan_kinds(disruptions, seed)
     rng = random.Random(seed + 1)
-    cmd = train_command(chaos_dir, data, steps, every)
+    cmd = train_command(chaos_dir, data, steps, every, extra_args)
     runs: list[dict] = []
     events: list[dict] = []
     t_chaos = time.time()
@@ -551,7 +627,14 @@ def run_chaos(
                     f"committed checkpoint was {event['committed']}",
                     flush=True,
                 )
+            if run["start_step"] and run["resumed_step"] != run["start_step"]:
+                say(
+                    f"WARNING: run {i} started at step {run['start_step']}, but its `resumed` "
+                    f"event says step {run['resumed_step']}",
+                    flush=True,
+                )
             event["resumed"] = run["start_step"]
+            event["corrupt"] = run["corrupt"]  # checkpoints the restart set aside
             event["steps_lost"] = (prev["last_step"] or 0) - run["start_step"]
             event["seconds_lost"] = round(seconds_lost(prev, run["start_step"]), 3)
             event["restore_s"] = run["restore_s"]
@@ -567,8 +650,10 @@ def run_chaos(
         if run["signal"] is None:
             if run["trigger"] is not None:
                 raise RuntimeError(f"run {i} ended before its trigger {run['trigger']}")
-            if run["last_step"] != steps and run["start_step"] != steps:
-                raise RuntimeError(f"run {i} ended at step {run['last_step']}; log: {log_path}")
+            if run["finished"] != steps:  # its `finished` event
+                raise RuntimeError(
+                    f"run {i} ended at step {run['last_step']} without finishing; log: {log_path}"
+                )
             break
         kind, trigger_step = run["trigger"]
         committed = run["committed_after"]
@@ -582,7 +667,13 @@ def run_chaos(
                 "trigger_step": trigger_step,
                 "last_step": run["last_step"],
                 "committed": committed[-1] if committed else 0,
+                # The latest commit the trainer's events reported by then (it can miss one
+                # that Orbax finished just before the kill).
+                "committed_reported": max(
+                    (c for r in runs for c in r["committed_reported"]), default=0
+                ),
                 "uncommitted": run["uncommitted_after"],
+                "preempted": run["preempted"],
                 "exit_code": run["exit_code"],
                 "signal_at_s": round(run["signal_t"] - run["start_t"], 3),
             }
@@ -638,7 +729,9 @@ def run_chaos(
                 "wall_s": round(r["wall_s"], 2),
                 "restore_s": r["restore_s"],
                 "saves": r["saves"],
+                "committed_reported": r["committed_reported"],
                 "committed_after": r["committed_after"],
+                "corrupt": r["corrupt"],
                 "log": r.get("log", "logs/reference.log"),
             }
             for r in [ref, *runs]

@@ -35,17 +35,15 @@ import jax.numpy as jnp
 import numpy as np
 from absl import flags
 from array_record.python.array_record_module import ArrayRecordWriter
-from flax import nnx
 
 from configs import demo
-from jaxspeech import evaluate as eval_lib
-from jaxspeech import optim
-from jaxspeech import train as train_lib
+from jaxspeech import state as state_lib
+from jaxspeech import step as step_lib
 from jaxspeech.audio import augment
 from jaxspeech.data import pipeline as pipeline_lib
 from jaxspeech.data import records
 from jaxspeech.data.tokenizer import Tokenizer, train_char_tokenizer
-from jaxspeech.parallel import mesh as mesh_lib
+from jaxspeech.parallel import rules
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 WORDS = "the a speech model of recognition train data audio loader step fast shard".split()
@@ -115,26 +113,28 @@ def time_loader(pipe: pipeline_lib.Pipeline, num_batches: int, sample_rate: int)
 
 def time_train_step(config, data_dir: str, spec, num_steps: int) -> dict:
     """Audio seconds per second consumed by the demo's jitted train step, one device."""
-    mesh = mesh_lib.make_mesh(config.mesh.to_dict())
+    with rules.axis_rules(state_lib.rules_from_config(config)):
+        return _time_train_step(config, data_dir, spec, num_steps)
+
+
+def _time_train_step(config, data_dir: str, spec, num_steps: int) -> dict:
+    mesh = state_lib.mesh_from_config(config)
     tokenizer = Tokenizer.load(os.path.join(data_dir, "tokenizer"))
-    graphdef, _, _, p_shard, v_shard = eval_lib.abstract_model(config, tokenizer.vocab_size, mesh)
-    model = eval_lib.make_model(config, tokenizer.vocab_size, config.seed)
-    params = jax.device_put(nnx.to_pure_dict(nnx.state(model, nnx.Param)), p_shard)
     num_bins = config.features.num_mel_bins
-    model_vars = jax.device_put(
-        {
-            "frontend": {
-                "mean": np.zeros(num_bins, np.float32),
-                "std": np.ones(num_bins, np.float32),
-            }
-        },
-        v_shard,
+    # Parameters of config.seed, identity feature statistics, the config's optimizer.
+    ts = state_lib.init_train_state(
+        config,
+        tokenizer.vocab_size,
+        mesh,
+        np.zeros(num_bins, np.float32),
+        np.ones(num_bins, np.float32),
     )
-    tx, _ = optim.make_optimizer(config.optim, int(config.train.num_steps))
-    opt_state, o_shard = train_lib.init_opt_state(tx, params, mesh, p_shard)
+    params, model_vars, opt_state = ts.params, ts.model_vars, ts.opt_state
     step_fn = jax.jit(
-        train_lib.make_train_step(graphdef, tx, config.seed, tokenizer.blank_id, config.loss),
-        out_shardings=(p_shard, o_shard, None),
+        step_lib.make_train_step(
+            ts.spec.graphdef, ts.tx, config.seed, tokenizer.blank_id, config.loss
+        ),
+        out_shardings=(ts.spec.param_shardings, ts.opt_shardings, None),
         donate_argnums=(0, 2),
     )
     # The batches the step would see, without augmentation (the same shapes), preloaded.

@@ -7,7 +7,7 @@
 1. Measured (XLA's own partitioning, no timing). For each layout of 8 devices over the mesh
    axes (replica, data, fsdp, tensor) -- data parallel (1,8,1,1), FSDP (1,1,8,1), (1,4,2,1),
    (1,2,2,2), (1,1,4,2) and replica x data (2,4,1,1) -- the Conformer-CTC train step of
-   `jaxspeech.train.make_train_step` (AdamW of `jaxspeech.optim`, the config's SpecAugment
+   `jaxspeech.step.make_train_step` (AdamW of `jaxspeech.optim`, the config's SpecAugment
    and log-mel front end) is lowered for a fixed global batch with ABSTRACT arguments
    (`jax.ShapeDtypeStruct`s carrying the mesh shardings, so no parameter is ever
    initialized and even L compiles on a laptop) and compiled for 8 simulated CPU devices.
@@ -38,8 +38,9 @@
    not verified here (no GPU). The front end's `lax.platform_dependent` also compiles its
    CPU branch here, not the GPU one.
    Optimizer state placement (`--opt-state`): `params` (default) gives every Adam moment
-   its parameter's sharding, as FSDP intends; `replicated` measures moments replicated
-   on every device, which is what `jaxspeech.train.init_opt_state` produced when this
+   its parameter's sharding, as FSDP intends (and as `jaxspeech.state.init_opt_state`
+   lays it out for training); `replicated` measures moments replicated
+   on every device, which is what the trainer's `init_opt_state` produced when this
    benchmark was written (its `jit(tx.init)` outputs come back on one device and are then
    replicated), so FSDP there shards parameters but not the moments.
    LLVM code generation runs at -O0 (COMPILER_OPTIONS): the HLO is the same.
@@ -554,15 +555,19 @@ def compile_layout(config, shape: tuple[int, ...], batch_spec, opt_state: str) -
     import optax
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from jaxspeech import evaluate as eval_lib
     from jaxspeech import optim
-    from jaxspeech.parallel import mesh as mesh_lib
-    from jaxspeech.train import make_train_step
+    from jaxspeech import state as state_lib
+    from jaxspeech import step as step_lib
+    from jaxspeech.parallel import rules
 
     utterances, seconds, vocab = batch_spec
     config.mesh.replica, config.mesh.data, config.mesh.fsdp, config.mesh.tensor = shape
-    mesh = mesh_lib.make_mesh(config.mesh.to_dict(), devices=jax.devices()[: math.prod(shape)])
-    graphdef, params, model_vars, p_shard, v_shard = eval_lib.abstract_model(config, vocab, mesh)
+    mesh = state_lib.mesh_from_config(config, devices=jax.devices()[: math.prod(shape)])
+    table = state_lib.rules_from_config(config)  # the train loop's logical-axis rules
+    with rules.axis_rules(table):
+        spec = state_lib.abstract_model(config, vocab, mesh)
+    params, model_vars = spec.params, spec.model_vars
+    p_shard, v_shard = spec.param_shardings, spec.var_shardings
     tx, _ = optim.make_optimizer(config.optim, config.train.num_steps)
     replicated = NamedSharding(mesh, PartitionSpec())
 
@@ -586,12 +591,12 @@ def compile_layout(config, shape: tuple[int, ...], batch_spec, opt_state: str) -
     o_shard = jax.tree.map(lambda x: x.sharding, opt)
     batch = abstract_batch(mesh, utterances, seconds, config)
     step = jax.jit(
-        make_train_step(graphdef, tx, 0, 0, config.loss),
+        step_lib.make_train_step(spec.graphdef, tx, 0, 0, config.loss),
         in_shardings=(p_shard, v_shard, o_shard, None, None),
         out_shardings=(p_shard, o_shard, None),
     )
     t0 = time.perf_counter()
-    with jax.set_mesh(mesh):
+    with rules.axis_rules(table), jax.set_mesh(mesh):
         lowered = step.lower(params, model_vars, opt, batch, jax.ShapeDtypeStruct((), jnp.int32))
         compiled = lowered.compile(compiler_options=COMPILER_OPTIONS)
     compile_s = time.perf_counter() - t0

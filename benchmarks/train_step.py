@@ -5,14 +5,15 @@
 writes `benchmarks/results/train_step.json`.
 
 What runs: for each model, the real training step of `configs/conformer.py:<size>` as
-`jaxspeech.train.train_and_evaluate` builds it: its head (ctc+rnnt: the pruned RNN-T loss
-with a CTC auxiliary loss, as configured), SpecAugment, dropout, the log-mel front end,
-AdamW of `jaxspeech.optim`, and a 500-piece vocabulary (blank 0). The mesh is every local
-device along `data` (pure data parallelism, whatever the config says). Parameters are
-really initialized (`jax.jit(init, out_shardings=...)`); the step is jitted with the
-train loop's in/out shardings and donation (`donate_argnums=(0, 2)`), lowered inside
-`jax.set_mesh(mesh)` as the train loop does and compiled ahead of time once
-(`.lower(...).compile()`, reported as `compile_s`).
+the trainer builds it from `jaxspeech.state` and `jaxspeech.step`: its head (ctc+rnnt: the
+pruned RNN-T loss with a CTC auxiliary loss, as configured), SpecAugment, dropout, the
+log-mel front end, AdamW of `jaxspeech.optim`, and a 500-piece vocabulary (blank 0). The
+mesh is every local device along `data` (pure data parallelism, whatever the config says).
+Parameters are really initialized (`jaxspeech.state.init_params`: created on their shards
+by `jax.jit(init, out_shardings=...)`); the step is jitted with the train loop's in/out
+shardings and donation (`donate_argnums=(0, 2)`), lowered inside `jax.set_mesh(mesh)` as
+the train loop does and compiled ahead of time once (`.lower(...).compile()`, reported
+as `compile_s`).
 
 The batch is synthetic: B utterances of exactly S seconds of 16 kHz noise (every row is
 real audio, so B x S is the audio of one step), labels drawn uniformly from [1, 500) with
@@ -46,7 +47,7 @@ together), mfu (= achieved / peak), and XLA's per-device memory plan of the comp
 process (init, compile, steps). Each model runs in a fresh subprocess, so these peaks are
 its own; a first subprocess only reads the device and measures the CPU matmul rate.
 
-Model FLOPs: `jaxspeech.train.step_flops`, the same count the training loop's MFU uses
+Model FLOPs: `jaxspeech.step.step_flops`, the same count the training loop's MFU uses
 (XLA's cost analysis of the same step, lowered with the layers and the RNN-T joiner's
 frame chunks unrolled and no rematerialization: XLA counts a loop's body once, which
 would leave out most of the joiner's FLOPs, about 4.5% of Conformer-S's step at B=8,
@@ -271,48 +272,48 @@ def probe(measure_matmul: bool) -> dict:
 
 def measure_model(size: str, dtype: str, batch: int, seconds: float, repeats: int) -> dict:
     """Builds, compiles and times the train step of configs/conformer.py:<size>."""
-    import jax
-    import jax.numpy as jnp
-    from flax import nnx
-
     from configs import conformer
-    from jaxspeech import evaluate as eval_lib
-    from jaxspeech import optim
-    from jaxspeech.parallel import mesh as mesh_lib
-    from jaxspeech.train import init_opt_state, make_train_step, step_flops
+    from jaxspeech import state as state_lib
+    from jaxspeech.parallel import rules
 
     config = conformer.get_config(size)
     config.model.dtype = dtype
     config.mesh.replica, config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 1, -1, 1, 1
+    with rules.axis_rules(state_lib.rules_from_config(config)):  # the train loop's table
+        return _measure(config, size, dtype, batch, seconds, repeats)
+
+
+def _measure(config, size: str, dtype: str, batch: int, seconds: float, repeats: int) -> dict:
+    import jax
+    import jax.numpy as jnp
+
+    from jaxspeech import optim
+    from jaxspeech import state as state_lib
+    from jaxspeech import step as step_lib
+    from jaxspeech.parallel import mesh as mesh_lib
+
     devices = jax.local_devices()
     if batch % len(devices):
         raise SystemExit(f"--batch {batch} must be a multiple of the {len(devices)} devices")
-    mesh = mesh_lib.make_mesh(config.mesh.to_dict(), devices=devices)
-    graphdef, _, _, p_shard, v_shard = eval_lib.abstract_model(config, VOCAB, mesh)
-
-    def init_params():
-        model = eval_lib.make_model(config, VOCAB, config.seed)
-        return nnx.to_pure_dict(nnx.state(model, nnx.Param))
-
-    t0 = time.perf_counter()
-    params = jax.block_until_ready(jax.jit(init_params, out_shardings=p_shard)())
+    mesh = state_lib.mesh_from_config(config, devices=devices)
+    spec = state_lib.abstract_model(config, VOCAB, mesh)
+    p_shard, v_shard = spec.param_shardings, spec.var_shardings
+    t0 = time.perf_counter()  # the parameters alone, created on their shards
+    params = jax.block_until_ready(state_lib.init_params(config, VOCAB, spec, config.seed))
     init_s = time.perf_counter() - t0
     num_params = sum(int(x.size) for x in jax.tree.leaves(params))
     f = config.features.num_mel_bins
-    model_vars = jax.device_put(
-        {"frontend": {"mean": np.full(f, -5.0, np.float32), "std": np.full(f, 3.0, np.float32)}},
-        v_shard,
-    )
+    cmvn = state_lib.feature_stats(np.full(f, -5.0, np.float32), np.full(f, 3.0, np.float32))
+    model_vars = jax.device_put(cmvn, v_shard)
     tx, _ = optim.make_optimizer(config.optim, int(config.train.num_steps))
-    opt_state, o_shard = init_opt_state(tx, params, mesh, p_shard)
+    opt_state, o_shard = state_lib.init_opt_state(tx, params, mesh, p_shard)
     local = make_batch(
         batch, seconds, label_width=label_width(seconds, config.data.max_tokens_per_second)
     )
     batch_arrays = mesh_lib.host_to_global(mesh, local)
-    batch_shard = {k: mesh_lib.batch_sharding(mesh, v.ndim) for k, v in local.items()}
     train_step = jax.jit(
-        make_train_step(graphdef, tx, config.seed, BLANK_ID, config.loss),
-        in_shardings=(p_shard, v_shard, o_shard, batch_shard, None),
+        step_lib.make_train_step(spec.graphdef, tx, config.seed, BLANK_ID, config.loss),
+        in_shardings=(p_shard, v_shard, o_shard, step_lib.batch_shardings(mesh), None),
         out_shardings=(p_shard, o_shard, None),
         donate_argnums=(0, 2),
     )
@@ -349,7 +350,7 @@ def measure_model(size: str, dtype: str, batch: int, seconds: float, repeats: in
 
     shapes = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in local.items()}
     t0 = time.perf_counter()
-    flops = step_flops(config, VOCAB, BLANK_ID, shapes)
+    flops = step_lib.step_flops(config, VOCAB, BLANK_ID, shapes)
     flops_s = time.perf_counter() - t0
     last_loss = float(metrics["loss"])
     row = {
@@ -519,7 +520,7 @@ def run(args: argparse.Namespace) -> dict:
             if "matmul_flops_per_s" in info
             else None
         ),
-        "flops_method": "jaxspeech.train.step_flops (layers and joiner chunks unrolled)",
+        "flops_method": "jaxspeech.step.step_flops (layers and joiner chunks unrolled)",
         "goal": goal,
         "rows": rows,
         # Batches that did not fit in device memory (plan: XLA's, vs memory_stats' limit).

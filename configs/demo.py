@@ -40,6 +40,8 @@ Recipe notes (each measured with a full run on the demo corpus; test/dev CER):
 
 from ml_collections import ConfigDict
 
+from jaxspeech.parallel import rules
+
 VARIANTS = ("default", "long", "tiny", "rnnt", "ctc_rnnt")
 
 
@@ -126,6 +128,27 @@ def get_config(arg: str | None = None) -> ConfigDict:
     c.model.conformer.subsampling_channels = 64  # small: the 2nd conv dominates FLOPs otherwise
     c.model.conformer.scan_layers = True  # compile one block, not 8: ~12 s per batch shape, not ~38
     c.model.conformer.dropout = 0.0  # dropout's random bits cost ~25% of a CPU step
+    # 4: 40 ms frames (Gulati et al.). 8 (a third stride-2 conv) halves the blocks' frames,
+    # but 12.5 frames/s is fewer than the characters of fast espeak speech (up to ~20/s),
+    # and CTC needs a frame per label.
+    c.model.conformer.subsampling_factor = 4
+    # What each block keeps for the backward pass: none | full (recompute the block) |
+    # dots (keep only weight-matmul outputs). A 144-dim model's activations fit in CPU
+    # memory, so recomputation would only cost time.
+    c.model.conformer.remat = "none"
+    # Streaming (see jaxspeech/models/conformer.py); all off: the demo is scored on whole
+    # utterances, and full context is the more accurate model. causal: depthwise
+    # convolutions see only past frames.
+    c.model.conformer.causal = False
+    # Chunked attention: subsampled frames attend within chunks of chunk_size frames and
+    # left_chunks chunks before (-1 = all of them); chunk_size 0 = full context.
+    c.model.conformer.chunk_size = 0
+    c.model.conformer.left_chunks = -1
+    # Training draws a chunk size per batch (full context half the time, else uniform on
+    # 1..max_dynamic_chunk), so one model serves any chunk size; 25 frames (1 s at x4) as
+    # in WeNet.
+    c.model.conformer.dynamic_chunk = False
+    c.model.conformer.max_dynamic_chunk = 25
     c.model.lstm = ConfigDict()  # used when model.encoder = "lstm"
     c.model.lstm.hidden = 320
     c.model.lstm.num_layers = 4
@@ -134,6 +157,7 @@ def get_config(arg: str | None = None) -> ConfigDict:
     c.model.lstm.stack_frames = 4  # 40 ms frames, like the Conformer's x4 subsampling
     c.model.lstm.lookahead = 0
     c.model.lstm.dropout = 0.0
+    c.model.lstm.output_dim = 0  # width of the encodings the heads see; 0 = hidden
     # Transducer parts (model.head containing "rnnt"): icefall's stateless predictor is as
     # accurate as an LSTM one and its decoding state is just the last labels.
     c.model.transducer = ConfigDict()
@@ -209,6 +233,9 @@ def get_config(arg: str | None = None) -> ConfigDict:
     # Write each step's utterance ids to RUN/batch_ids/ (audits data order across
     # restarts; one line per step and process).
     c.monitor.log_batch_ids = False
+    # Count each batch shape's model FLOPs (one extra lowering per shape, for the MFU
+    # column); off = MFU is not reported, start-up is quicker (the tests turn it off).
+    c.monitor.count_flops = True
 
     c.mesh = ConfigDict()
     # Sizes of (replica, data, fsdp, tensor); -1 = the rest of the devices. `replica`:
@@ -219,6 +246,10 @@ def get_config(arg: str | None = None) -> ConfigDict:
     c.mesh.data = -1
     c.mesh.fsdp = 1
     c.mesh.tensor = 1
+    # Logical axis -> mesh axes ("a,b" = several, "" = replicated) for every parameter
+    # and activation; a new parallelism layout is a new table here, not a model change.
+    # E.g. --config.mesh.rules.embed= keeps parameters whole on a data+fsdp mesh.
+    c.mesh.rules = ConfigDict(rules.rules_to_config())
 
     if variant == "long":
         c.train.num_steps = 1800

@@ -231,6 +231,8 @@ class Checkpointer:
             },
         )
         self._last_save = time.time()  # a restart counts from its own start
+        self._in_flight: int | None = None  # the asynchronous save not yet committed
+        self._committed: list[int] = []  # committed since the last `committed()` call
 
     # ------------------------------------------------------------ steps
     def latest_step(self) -> int | None:
@@ -275,7 +277,8 @@ class Checkpointer:
             time=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             process_count=jax.process_count(),
         )
-        self.manager.save(
+        previous = self._in_flight
+        self.manager.save(  # waits for the previous save to commit first
             step,
             args=ocp.args.Composite(
                 **{
@@ -288,7 +291,19 @@ class Checkpointer:
             metrics=metrics,
             force=True,  # the schedule is decided by `due`/`Preemption`, not by Orbax
         )
+        if previous is not None:
+            self._committed.append(previous)
+        self._in_flight = step
         self._last_save = time.time()
+
+    def committed(self) -> list[int]:
+        """Steps whose save has committed since the last call, oldest first (a cheap
+        poll: no waiting)."""
+        if self._in_flight is not None and not self.manager.is_saving_in_progress():
+            self._committed.append(self._in_flight)
+            self._in_flight = None
+        out, self._committed = self._committed, []
+        return out
 
     # ------------------------------------------------------------ restore
     def meta(self, step: int) -> dict:

@@ -5,7 +5,8 @@ RUN/eval/<split>-step<N>.json. The run's own tokenizer (RUN/assets/tokenizer)
 and normalization statistics (inside the checkpoint) are used, so DIR may be
 any corpus prepared with `python -m data_prep.prepare`.
 
-Also home of the model-from-config helpers that train.py shares.
+The library half (`make_decode_fn`, `evaluate_split`) is what training's periodic
+evaluation calls; the model and its checkpoint come from `jaxspeech.state`.
 """
 
 from __future__ import annotations
@@ -18,83 +19,28 @@ import time
 from collections.abc import Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from absl import app, flags, logging
 from flax import nnx
 from ml_collections import ConfigDict
 
 from jaxspeech import checkpoint as ckpt_lib
-from jaxspeech.audio.features import LogMelConfig
+from jaxspeech import cli
+from jaxspeech import state as state_lib
 from jaxspeech.data import pipeline as pipeline_lib
 from jaxspeech.data import records
 from jaxspeech.data.tokenizer import Tokenizer
 from jaxspeech.decoding import ctc as ctc_decoding
 from jaxspeech.decoding import rnnt as rnnt_decoding
+from jaxspeech.errors import UserError
 from jaxspeech.metrics.wer import ErrorCounts
-from jaxspeech.models import ENCODERS, build_model
-from jaxspeech.models.frontend import FeatureStats
 from jaxspeech.parallel import mesh as mesh_lib
 from jaxspeech.parallel import rules
 
-ASSETS = "assets"
-TOKENIZER = "tokenizer"
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 DECODERS = ("ctc_greedy", "ctc_beam", "rnnt_greedy", "rnnt_beam")
 
 
-# ---------------------------------------------------------------- model from config
-def feature_config(config: ConfigDict) -> LogMelConfig:
-    """The LogMelConfig of `config.features`."""
-    return LogMelConfig(**config.features.to_dict())
-
-
-def make_model(config: ConfigDict, vocab_size: int, seed: int) -> nnx.Module:
-    """Instantiate `config.model` (explicit keyword arguments, no config inside the model)."""
-    m = config.model
-    if m.dtype not in DTYPES:
-        raise ValueError(f"model.dtype must be one of {sorted(DTYPES)}, got {m.dtype!r}")
-    if m.encoder not in ENCODERS or m.encoder not in m:
-        raise ValueError(
-            f"model.encoder must be one of {sorted(ENCODERS)} with its settings under "
-            f"config.model.<encoder>, got {m.encoder!r}"
-        )
-    specaug = None
-    if config.specaug.enabled:
-        specaug = {k: v for k, v in config.specaug.to_dict().items() if k != "enabled"}
-    return build_model(
-        encoder=m.encoder,
-        encoder_kwargs=m[m.encoder].to_dict(),
-        head=m.head,
-        transducer_kwargs=m.transducer.to_dict() if "rnnt" in m.head else None,
-        vocab_size=vocab_size,
-        feature_config=feature_config(config),
-        specaug=specaug,
-        dtype=DTYPES[m.dtype],
-        rngs=nnx.Rngs(params=seed),
-    )
-
-
-def abstract_model(config: ConfigDict, vocab_size: int, mesh, *, with_axes: bool = False) -> tuple:
-    """(graphdef, abstract params, abstract model_vars, param shardings, var shardings),
-    plus the parameters' logical axes (a matching dict) when `with_axes`.
-
-    Abstract trees are pure dicts of ShapeDtypeStructs carrying the mesh shardings.
-    """
-    model = nnx.eval_shape(lambda: make_model(config, vocab_size, 0))
-    graphdef, params, model_vars = nnx.split(model, nnx.Param, FeatureStats)
-    p_shard = rules.state_shardings(params, mesh)
-    v_shard = rules.state_shardings(model_vars, mesh)
-    out = (
-        graphdef,
-        ckpt_lib.abstract_like(nnx.to_pure_dict(params), p_shard),
-        ckpt_lib.abstract_like(nnx.to_pure_dict(model_vars), v_shard),
-        p_shard,
-        v_shard,
-    )
-    return out + (rules.state_axes(params),) if with_axes else out
-
-
+# ---------------------------------------------------------------- decoding
 def decoding_method(config: ConfigDict) -> str:
     """config.decoding.method, with "auto" resolved and checked against the model's head."""
     method, heads = config.decoding.method, config.model.head.split("+")
@@ -248,16 +194,18 @@ def write_result(workdir: str, result: dict, step: int, tag: str = "") -> str:
     return path
 
 
-def load_run_config(workdir: str) -> ConfigDict:
-    """The resolved config a run was trained with (RUN/config.json)."""
-    path = os.path.join(workdir, "config.json")
-    if not os.path.exists(path):
-        raise FileNotFoundError(
-            f"{path} not found: {workdir} is not a jaxspeech run directory "
-            "(train one with `python -m jaxspeech.train --workdir ...`)"
+def _evaluate_run(run: state_lib.Run, config: ConfigDict, data_dir: str, split: str) -> dict:
+    with jax.set_mesh(run.spec.mesh):  # the models' logical-axis constraints take effect
+        return evaluate_split(
+            config=config,
+            decode_fn=make_decode_fn(run.spec.graphdef, config, run.tokenizer.blank_id),
+            params=run.params,
+            model_vars=run.model_vars,
+            mesh=run.spec.mesh,
+            data_dir=data_dir,
+            split=split,
+            tokenizer_dir=run.tokenizer_dir,
         )
-    with open(path) as f:
-        return ConfigDict(json.load(f))
 
 
 def evaluate_workdir(
@@ -269,37 +217,27 @@ def evaluate_workdir(
     beam: int | None = None,
 ) -> dict:
     """Restore RUN's checkpoint (latest unless `step`) and score a split; `method` and
-    `beam` override the run's config.decoding."""
-    config = load_run_config(workdir)
-    if method:
-        config.decoding.method = method
-    if beam:
-        config.decoding.beam = beam
-    decoding_method(config)  # a method the model cannot run is an error before any work
-    data_dir = data_dir or config.data.dir
-    split = split or config.data.eval_split
-    tokenizer_dir = os.path.join(workdir, ASSETS, TOKENIZER)
-    tokenizer = Tokenizer.load(tokenizer_dir)
-    mesh = mesh_lib.make_mesh(config.mesh.to_dict())
-    graphdef, abs_params, abs_vars, _, _ = abstract_model(config, tokenizer.vocab_size, mesh)
-    ckpt = ckpt_lib.Checkpointer(workdir, read_only=True)
-    step = ckpt.latest_step() if step is None else step
-    if step is None:
-        raise FileNotFoundError(f"no checkpoint in {ckpt.directory}; train first")
-    restored = ckpt.restore(step, abstract_model={"params": abs_params, "model_vars": abs_vars})
-    model_state = restored[ckpt_lib.MODEL]
-    ckpt.close()
-    with jax.set_mesh(mesh):  # the models' logical-axis constraints take effect
-        result = evaluate_split(
-            config=config,
-            decode_fn=make_decode_fn(graphdef, config, tokenizer.blank_id),
-            params=model_state["params"],
-            model_vars=model_state["model_vars"],
-            mesh=mesh,
-            data_dir=data_dir,
-            split=split,
-            tokenizer_dir=tokenizer_dir,
-        )
+    `beam` override the run's config.decoding.
+
+    Raises:
+      UserError: not a run directory, no such checkpoint, a decoder the model has no
+        head for, a split that is not prepared.
+    """
+    try:
+        config = state_lib.load_run_config(workdir)
+        if method:
+            config.decoding.method = method
+        if beam:
+            config.decoding.beam = beam
+        decoding_method(config)  # a method the model cannot run is an error before any work
+        data_dir = data_dir or config.data.dir
+        split = split or config.data.eval_split
+        with rules.axis_rules(state_lib.rules_from_config(config)):
+            run = state_lib.load_run(workdir, step=step)
+            result = _evaluate_run(run, config, data_dir, split)
+    except (FileNotFoundError, ValueError, ckpt_lib.CheckpointError) as e:
+        raise UserError(str(e)) from e
+    step = run.step
     result["step"] = step
     # Runs decoded another way than the run's own config keep their own file.
     tag = f"-{decoding_method(config)}-beam{config.decoding.beam}" if method or beam else ""
@@ -311,21 +249,22 @@ FLAGS = flags.FLAGS
 
 
 def main(argv: list[str]) -> None:
-    del argv
-    try:
-        mesh_lib.initialize()  # multi-host flags or cluster detection, as in training
+    if len(argv) > 1:
+        cli.usage_error(f"unexpected arguments: {argv[1:]}")
+
+    def job() -> None:
         result = evaluate_workdir(
             FLAGS.workdir, FLAGS.data, FLAGS.split, FLAGS.step, FLAGS.method, FLAGS.beam
         )
-    except (FileNotFoundError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
-    for ex in result.pop("examples"):
-        print(f"  ref: {ex['ref']}\n  hyp: {ex['hyp']}", file=sys.stderr)
-    print(json.dumps(result), flush=True)
+        for ex in result.pop("examples"):
+            print(f"  ref: {ex['ref']}\n  hyp: {ex['hyp']}", file=sys.stderr)
+        print(json.dumps(result), flush=True)
+
+    cli.run_job(job)
 
 
 if __name__ == "__main__":
+    mesh_lib.define_flags()
     flags.DEFINE_string("workdir", None, "Run directory written by jaxspeech.train.", required=True)
     flags.DEFINE_string("data", None, "Prepared data directory (default: the run's data.dir).")
     flags.DEFINE_string("split", None, "Split to score (default: the run's data.eval_split).")
@@ -335,4 +274,4 @@ if __name__ == "__main__":
     )
     flags.DEFINE_integer("beam", None, "Beam size of ctc_beam / rnnt_beam (default: the run's).")
     logging.set_verbosity(logging.WARNING)  # keep Orbax's per-restore INFO lines off the console
-    app.run(main)
+    app.run(main, flags_parser=cli.parse_flags)

@@ -253,8 +253,8 @@ def run_job(
 
 def define_flags() -> None:
     """The launcher's flags, defined only when it runs as a program: `--num_processes`
-    also names a flag of `jaxspeech.parallel.mesh` (the children's), and one process
-    importing both modules (the test suite) must not define it twice."""
+    also names one of the children's multi-host flags (`jaxspeech.parallel.mesh.
+    define_flags`), and one process importing both modules must not define it twice."""
     flags.DEFINE_integer("num_processes", None, "Processes to start (>= 1).", lower_bound=1)
     flags.DEFINE_integer(
         "devices_per_process",

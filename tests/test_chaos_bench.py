@@ -1,5 +1,6 @@
-"""benchmarks/chaos.py: line parsing, disruption planning, the loss accounting and the
-bitwise comparison (pure helpers; the chaos run itself is tests/e2e/test_chaos.py)."""
+"""benchmarks/chaos.py: progress lines and lifecycle events, disruption planning, the loss
+accounting and the bitwise comparison (pure helpers; the chaos run itself is
+tests/e2e/test_chaos.py)."""
 
 import importlib.util
 import os
@@ -16,42 +17,121 @@ bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)
 
 
-def test_parse_line_reads_the_trainer_lines():
-    progress = (
-        "[#####...............]  25% 4/16 | 5.18 steps/s | ETA 2s | loss 3.978 (utt 217.5) | "
-        "grad 8.31 | lr 1.20e-03 | 53 audio s/s | step 180 ms + data wait 3 ms | goodput 1%\n"
+PROGRESS = (
+    "[#####...............]  25% 4/16 | 5.18 steps/s | ETA 2s | loss 3.978 (utt 217.5) | "
+    "grad 8.31 | lr 1.20e-03 | 53 audio s/s | step 180 ms + data wait 3 ms | goodput 1%\n"
+)
+
+
+def test_parse_progress_reads_only_the_progress_lines():
+    assert bench.parse_progress(PROGRESS) == (4, 16)
+    assert bench.parse_progress("[####################] 100% 16/16 | 11.79 steps/s | ETA 0s") == (
+        16,
+        16,
     )
-    assert bench.parse_line(progress) == {"progress": 4, "total": 16}
-    assert bench.parse_line("[####################] 100% 16/16 | 11.79 steps/s | ETA 0s") == {
-        "progress": 16,
-        "total": 16,
-    }
-    assert bench.parse_line("checkpoint 12 (every 4 steps): saving in the background (0.1s)") == {
-        "saving": 12,
-        "why": "every 4 steps",
-    }
-    assert bench.parse_line("checkpoint 7 (preemption): saving in the background (2.6s)") == {
-        "saving": 7,
-        "why": "preemption",
-    }
-    assert bench.parse_line("resumed from step 8 in 2.1s") == {"resumed": 8, "restore_s": 2.1}
-    assert bench.parse_line(
-        "training steps 6 -> 16; 2 batch shapes: [(8, 48000, 90), (3, 128000, 240)]"
-    ) == {"training": 6, "stop": 16}
-    assert bench.parse_line(
-        "preempted: all processes stopped after step 6 and saved checkpoint 6; rerun the same "
-        "command to resume"
-    ) == {"preempted": 6}
-    assert bench.parse_line(
-        "WARNING: checkpoint 8 is corrupt or incomplete (x); moving it to checkpoints_corrupt/"
-    ) == {"corrupt": 8}
+    # Lifecycle facts are not read from the console any more: RUN/events.jsonl has them.
     for other in (
+        "checkpoint 12 (every 4 steps): saving in the background (0.1s)",
+        "checkpoint 7 (preemption): saving in the background (2.6s)",
+        "resumed from step 8 in 2.1s",
+        "training steps 6 -> 16; 2 batch shapes: [(8, 48000, 90), (3, 128000, 240)]",
+        "preempted: all processes stopped after step 6 and saved checkpoint 6; rerun the same "
+        "command to resume",
+        "WARNING: checkpoint 8 is corrupt or incomplete (x); moving it to checkpoints_corrupt/",
         "compiled the step for batch 3 x 8.00 s: 0.6 GFLOP",
         "trained steps 0 -> 16 in 0.7 min; goodput 4% (compute 2s, compile 38s)",
         "model: conformer encoder, ctc head, float32 compute, float32 parameters",
         "",
     ):
-        assert bench.parse_line(other) is None
+        assert bench.parse_progress(other) is None
+
+
+def _events(*rows):
+    return [{"event": name, "time": t} | fields for name, t, fields in rows]
+
+
+CORRUPT = (
+    "WARNING: checkpoint 8 is corrupt or incomplete (ValueError: x); moving it to "
+    "checkpoints_corrupt/ and restoring step 4"
+)
+
+
+def test_events_fill_the_run_record():
+    run = bench.new_run_record(100.0)
+    for ev in _events(
+        ("checkpoint_corrupt", 101.0, {"message": CORRUPT}),
+        ("resumed", 102.5, {"step": 4, "seconds": 2.125}),
+        ("started", 103.0, {"step": 4, "stop": 16, "num_steps": 16, "processes": 1}),
+        ("checkpoint_saved", 110.25, {"step": 8, "reason": "every 4 steps"}),
+        ("checkpoint_committed", 110.75, {"step": 8}),
+        ("checkpoint_saved", 111.5, {"step": 9, "reason": "preemption"}),
+        ("checkpoint_committed", 111.9, {"step": 9}),
+        ("preempted", 112.0, {"step": 9}),
+    ):
+        bench.apply_event(run, ev)
+    assert (run["start_step"], run["training_t"]) == (4, 103.0)
+    assert (run["resumed_step"], run["restore_s"]) == (4, 2.125)
+    assert run["saves"] == [[8, 10.25], [9, 11.5]]  # seconds after the process started
+    assert run["committed_reported"] == [8, 9]
+    assert run["corrupt"] == [8]
+    assert run["preempted"] == 9 and run["last_step"] == 9  # the step it stopped after
+    assert run["finished"] is None
+    # The step of a `checkpoint_corrupt` event: its own field when it has one.
+    assert bench.corrupt_step({"event": "checkpoint_corrupt", "step": 12, "message": ""}) == 12
+    assert bench.corrupt_step({"event": "checkpoint_corrupt", "message": "odd"}) is None
+
+    fresh = bench.new_run_record(0.0)
+    for ev in _events(
+        ("started", 5.0, {"step": 0, "stop": 16, "num_steps": 16, "processes": 1}),
+        ("finished", 9.0, {"step": 16}),
+        ("evaluated", 9.5, {"step": 16, "split": "dev", "wer": 0.5, "cer": 0.1}),  # ignored
+    ):
+        bench.apply_event(fresh, ev)
+    assert (fresh["start_step"], fresh["resumed_step"], fresh["restore_s"]) == (0, None, None)
+    assert fresh["finished"] == 16 and fresh["last_step"] is None
+
+
+def test_progress_lines_time_the_steps():
+    run = bench.new_run_record(100.0)
+    for step, t in ((5, 130.0), (6, 130.2), (6, 131.0), (4, 131.2)):  # a repeated, a late line
+        bench.apply_progress(run, step, t)
+    assert run["step_t"] == {5: 130.0, 6: 130.2, 4: 131.2}
+    assert run["first_step_t"] == 130.0 and run["last_step"] == 6
+    bench.apply_event(run, {"event": "preempted", "time": 132.0, "step": 7})
+    assert run["last_step"] == 7
+
+
+def test_fires():
+    assert not bench.fires(None, progress=5)
+    assert bench.fires(("sigkill_step", 5), progress=5)
+    assert bench.fires(["sigterm_step", 5], progress=5)
+    assert not bench.fires(("sigterm_step", 5), progress=4)
+    assert not bench.fires(("sigkill_step", 8), saved=8)  # a step kill waits for the step
+    assert bench.fires(("sigkill_save", 8), saved=8)  # the `checkpoint_saved` event of 8
+    assert not bench.fires(("sigkill_save", 8), progress=8)  # not the step's progress line
+    assert not bench.fires(("sigkill_save", 8), saved=4)
+
+
+def test_event_follower_reads_only_this_runs_new_events(tmp_path):
+    from jaxspeech import monitor
+
+    workdir = str(tmp_path / "run")
+    first = monitor.EventLog(workdir)  # an earlier (killed) run of the same directory
+    first.write("started", step=0, stop=16, num_steps=16, processes=1)
+    first.write("checkpoint_saved", step=4, reason="every 4 steps")
+    first.close()
+    follower = bench.EventFollower(workdir)
+    assert follower.poll() == []
+    second = monitor.EventLog(workdir)  # the restart appends to the same file
+    second.write("resumed", step=4, seconds=1.5)
+    assert [e["event"] for e in follower.poll()] == ["resumed"]
+    second.write("started", step=4, stop=16, num_steps=16, processes=1)
+    second.write("checkpoint_saved", step=8, reason="every 4 steps")
+    got = follower.poll()
+    assert [(e["event"], e["step"]) for e in got] == [("started", 4), ("checkpoint_saved", 8)]
+    assert follower.poll() == []
+    second.close()
+    assert bench.EventFollower(str(tmp_path / "none")).poll() == []  # no file yet
 
 
 def test_plan_kinds():
@@ -126,7 +206,7 @@ def _run(**kw):
 def test_seconds_lost():
     # Resumed from a step this run reached: the time since its progress line.
     assert bench.seconds_lost(_run(), 8) == pytest.approx(0.9)
-    # Resumed from the step this run itself started from: since its `training steps` line
+    # Resumed from the step this run itself started from: since its `started` event
     # (compilation included: all of this run's work was lost).
     assert bench.seconds_lost(_run(), 4) == pytest.approx(21.5)
     assert bench.seconds_lost(_run(), 9) == 0.0  # nothing lost

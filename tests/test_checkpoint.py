@@ -21,10 +21,11 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from configs import demo
 from jaxspeech import checkpoint as ckpt_lib
-from jaxspeech import evaluate as eval_lib
 from jaxspeech import optim
+from jaxspeech import state as state_lib
 from jaxspeech.parallel import mesh as mesh_lib
-from jaxspeech.train import init_opt_state, make_train_step
+from jaxspeech.state import init_opt_state
+from jaxspeech.step import make_train_step
 
 VOCAB = 30
 
@@ -122,17 +123,6 @@ def _mesh(sizes: dict, n: int):
     return mesh_lib.make_mesh(sizes, devices=jax.devices()[:n])
 
 
-def _opt_shardings(tx, abs_params, p_shard, mesh):
-    replicated = NamedSharding(mesh, PartitionSpec())
-    return optax.tree_map_params(
-        tx,
-        lambda _, s: s,
-        jax.eval_shape(tx.init, abs_params),
-        p_shard,
-        transform_non_params=lambda _: replicated,
-    )
-
-
 # ---------------------------------------------------------------- fingerprint
 @pytest.mark.parametrize("dtype", [np.float32, np.int32, ml_dtypes.bfloat16, np.uint8])
 def test_leaf_fingerprint_equals_numpy_reference(dtype):
@@ -219,7 +209,8 @@ def saved_run(tmp_path_factory):
     and host copies of what was saved."""
     config = _tiny_config()
     mesh = _mesh({"data": 1, "fsdp": 8}, 8)
-    _, abs_params, _, p_shard, v_shard = eval_lib.abstract_model(config, VOCAB, mesh)
+    spec = state_lib.abstract_model(config, VOCAB, mesh)
+    abs_params, p_shard, v_shard = spec.params, spec.param_shardings, spec.var_shardings
     # Random values, not the model's init (no compilation): what is saved is any bits.
     rng = np.random.default_rng(3)
     fill = lambda x: (
@@ -230,12 +221,10 @@ def saved_run(tmp_path_factory):
     params = jax.device_put(jax.tree.map(fill, abs_params), p_shard)
     mel = config.features.num_mel_bins
     model_vars = jax.device_put(
-        {
-            "frontend": {
-                "mean": fill(jax.ShapeDtypeStruct((mel,), jnp.float32)),
-                "std": fill(jax.ShapeDtypeStruct((mel,), jnp.float32)),
-            }
-        },
+        state_lib.feature_stats(
+            fill(jax.ShapeDtypeStruct((mel,), jnp.float32)),
+            fill(jax.ShapeDtypeStruct((mel,), jnp.float32)),
+        ),
         v_shard,
     )
     tx = optim.make_optimizer(config.optim, 10)[0]
@@ -275,10 +264,11 @@ def saved_run(tmp_path_factory):
 
 def _targets(saved, mesh, config=None):
     config = config or saved["config"]
-    _, abs_params, abs_vars, p_shard, _ = eval_lib.abstract_model(config, VOCAB, mesh)
+    spec = state_lib.abstract_model(config, VOCAB, mesh)
+    abs_params, abs_vars, p_shard = spec.params, spec.model_vars, spec.param_shardings
     replicated = NamedSharding(mesh, PartitionSpec())
     tx = saved["tx"]
-    o_shard = _opt_shardings(tx, abs_params, p_shard, mesh)
+    o_shard = state_lib.opt_shardings(tx, abs_params, mesh, p_shard)
     abs_opt = ckpt_lib.abstract_like(jax.eval_shape(tx.init, abs_params), o_shard)
     return (
         {"params": abs_params, "model_vars": abs_vars},
@@ -501,7 +491,9 @@ def test_train_step_skips_nonfinite_batch():
     config.specaug.enabled = False  # a smaller program to compile
     config.optim.warmup_steps = 0  # a non-zero learning rate at the first step
     mesh = _mesh({"data": 1}, 1)
-    graphdef, abs_params, _, p_shard, v_shard = eval_lib.abstract_model(config, VOCAB, mesh)
+    spec = state_lib.abstract_model(config, VOCAB, mesh)
+    graphdef, abs_params = spec.graphdef, spec.params
+    p_shard, v_shard = spec.param_shardings, spec.var_shardings
     # Small random parameters (norm scales 1) from numpy: the model's truncated-normal
     # init costs ~10 s of compilation on CPU, and any finite start will do here.
     rng = np.random.default_rng(0)
@@ -518,13 +510,7 @@ def test_train_step_skips_nonfinite_batch():
     )
     mel = config.features.num_mel_bins
     model_vars = jax.device_put(
-        {
-            "frontend": {
-                "mean": np.full(mel, -5.0, np.float32),
-                "std": np.full(mel, 3.0, np.float32),
-            }
-        },
-        v_shard,
+        state_lib.feature_stats(np.full(mel, -5.0), np.full(mel, 3.0)), v_shard
     )
     tx = optim.make_optimizer(config.optim, 10)[0]
     opt_state, o_shard = init_opt_state(tx, params, mesh, p_shard)

@@ -17,12 +17,15 @@ import jax.numpy as jnp
 from flax import nnx, struct
 
 from jaxspeech.audio.features import LogMelConfig
+from jaxspeech.losses import rnnt
+from jaxspeech.losses.ctc import ctc_loss
 from jaxspeech.models.frontend import Frontend
 from jaxspeech.models.layers import Dense, Dtype
 from jaxspeech.models.transducer import Transducer
 from jaxspeech.parallel.rules import constrain
 
 HEADS = ("ctc", "rnnt", "ctc+rnnt")
+RNNT_LOSSES = ("pruned", "full")
 
 
 @struct.dataclass
@@ -88,6 +91,80 @@ class ASRModel(nnx.Module):
         if self.ctc is None:
             raise ValueError(f"model head {self.head!r} has no CTC output")
         return constrain(self.ctc(enc_btd).astype(jnp.float32), ("batch", "time", "vocab"))
+
+    # ---------------------------------------------------------------------------------
+    # Losses: the model knows which of its parts each head's loss needs (as icefall's
+    # model.py owns forward_ctc / forward_transducer); how the parts are weighted into
+    # the training objective is the train step's business (jaxspeech.step).
+    # ---------------------------------------------------------------------------------
+
+    def forward_ctc(
+        self,
+        enc_btd: jax.Array,
+        enc_len_b: jax.Array,
+        labels_bu: jax.Array,
+        label_len_b: jax.Array,
+        *,
+        blank_id: int,
+    ) -> tuple[jax.Array, jax.Array]:
+        """Encodings -> (B,) CTC negative log-likelihoods and (B,) feasibility."""
+        return ctc_loss(
+            self.ctc_logits(enc_btd), enc_len_b, labels_bu, label_len_b, blank_id=blank_id
+        )
+
+    def forward_transducer(
+        self,
+        enc_btd: jax.Array,
+        enc_len_b: jax.Array,
+        labels_bu: jax.Array,
+        label_len_b: jax.Array,
+        *,
+        blank_id: int,
+        rnnt_loss: str = "pruned",
+        prune_range: int = 5,
+        frames_per_chunk: int | None = 16,
+    ) -> tuple[dict[str, jax.Array], jax.Array]:
+        """Encodings -> ({part: (B,) loss}, (B,) finite).
+
+        "full": {"rnnt"}, the exact lattice. "pruned" (k2): {"rnnt_simple",
+        "rnnt_pruned"}, the linear joiner's loss and the full joiner's on the windows it
+        bounds (their weighting follows a warm-up schedule, so it is left to the caller).
+        """
+        if self.transducer is None:
+            raise ValueError(f"model head {self.head!r} has no transducer")
+        if rnnt_loss not in RNNT_LOSSES:
+            raise ValueError(f"loss.rnnt must be one of {RNNT_LOSSES}, got {rnnt_loss!r}")
+        tr = self.transducer
+        enc_proj = tr.joiner.enc_proj(enc_btd)
+        pred = tr.predictor(labels_bu)
+        pred_proj = tr.joiner.pred_proj(pred)
+        if rnnt_loss == "full":
+            loss_b, ok_b = rnnt.rnnt_loss(
+                tr.joiner.joint,
+                enc_proj,
+                enc_len_b,
+                pred_proj,
+                labels_bu,
+                label_len_b,
+                blank_id=blank_id,
+                frames_per_chunk=frames_per_chunk,
+            )
+            return {"rnnt": loss_b}, ok_b
+        simple_b, pruned_b, ok_b = rnnt.rnnt_pruned_loss(
+            tr.joiner.joint,
+            enc_proj,
+            enc_len_b,
+            pred_proj,
+            lambda x: tr.simple_am(x).astype(jnp.float32),  # run a chunk of frames at a time
+            enc_btd,
+            tr.simple_lm(pred).astype(jnp.float32),
+            labels_bu,
+            label_len_b,
+            prune_range=prune_range,
+            blank_id=blank_id,
+            frames_per_chunk=frames_per_chunk,
+        )
+        return {"rnnt_simple": simple_b, "rnnt_pruned": pruned_b}, ok_b
 
     # ---------------------------------------------------------------------------------
     # Streaming: audio in, encoder frames out, chunk by chunk (a streaming Conformer:

@@ -12,20 +12,38 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 
 from jaxspeech.parallel import rules
 
-_COORDINATOR = flags.DEFINE_string(
-    "coordinator_address",
-    None,
-    "host:port of process 0's coordination service (multi-host runs without a cluster "
-    "manager JAX detects); the coordinator binds to exactly this address.",
-)
-_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the job.")
-_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index, 0-based.")
-_HEARTBEAT = flags.DEFINE_integer(
-    "heartbeat_timeout_s",
-    100,
-    "Seconds without a heartbeat after which a peer counts as dead and every process "
-    "stops with an error (instead of hanging in a collective).",
-)
+# The multi-host flags every entry point takes. Defined by `define_flags()`, which the
+# entry points call when they run as programs: a library module defines no global flags
+# at import time (two modules defining one name would clash in any process that imports
+# both, e.g. the launcher's own --num_processes).
+FLAG_DEFAULTS = {
+    "coordinator_address": None,
+    "num_processes": None,
+    "process_id": None,
+    "heartbeat_timeout_s": 100,
+}
+
+
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+    """Define --coordinator_address, --num_processes, --process_id, --heartbeat_timeout_s."""
+    flags.DEFINE_string(
+        "coordinator_address",
+        None,
+        "host:port of process 0's coordination service (multi-host runs without a cluster "
+        "manager JAX detects); the coordinator binds to exactly this address.",
+        flag_values=flag_values,
+    )
+    flags.DEFINE_integer("num_processes", None, "Processes in the job.", flag_values=flag_values)
+    flags.DEFINE_integer(
+        "process_id", None, "This process's index, 0-based.", flag_values=flag_values
+    )
+    flags.DEFINE_integer(
+        "heartbeat_timeout_s",
+        FLAG_DEFAULTS["heartbeat_timeout_s"],
+        "Seconds without a heartbeat after which a peer counts as dead and every process "
+        "stops with an error (instead of hanging in a collective).",
+        flag_values=flag_values,
+    )
 
 
 class MeshConfigError(ValueError):
@@ -36,11 +54,13 @@ class DistributedConfigError(ValueError):
     """Inconsistent multi-host flags."""
 
 
-def _flag(holder: flags.FlagHolder, given):
-    """An explicit argument wins; else the parsed flag; else None."""
+def _flag(name: str, given):
+    """An explicit argument wins; else the parsed flag (if an entry point defined it)."""
     if given is not None:
         return given
-    return holder.value if flags.FLAGS.is_parsed() else None
+    if name in flags.FLAGS and flags.FLAGS.is_parsed():
+        return flags.FLAGS[name].value
+    return None
 
 
 def detected_cluster() -> str | None:
@@ -81,10 +101,10 @@ def initialize(
     Raises:
       DistributedConfigError: some but not all of the three flags, or a bad value.
     """
-    address = _flag(_COORDINATOR, coordinator_address)
-    count = _flag(_NUM_PROCESSES, num_processes)
-    index = _flag(_PROCESS_ID, process_id)
-    heartbeat = _flag(_HEARTBEAT, heartbeat_timeout_s) or 100
+    address = _flag("coordinator_address", coordinator_address)
+    count = _flag("num_processes", num_processes)
+    index = _flag("process_id", process_id)
+    heartbeat = _flag("heartbeat_timeout_s", heartbeat_timeout_s) or 100
     given = {"coordinator_address": address, "num_processes": count, "process_id": index}
     if any(v is not None for v in given.values()):
         missing = [k for k, v in given.items() if v is None]
@@ -200,8 +220,11 @@ def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
 
 
 def num_batch_shards(mesh: Mesh) -> int:
-    """How many ways the batch dimension is split (global batch sizes must divide by it)."""
-    return mesh.shape["replica"] * mesh.shape["data"] * mesh.shape["fsdp"]
+    """How many ways the batch dimension is split by the rules in force (global batch
+    sizes must divide by it)."""
+    axes = rules.logical_to_spec(("batch",))[0]
+    names = () if axes is None else ((axes,) if isinstance(axes, str) else tuple(axes))
+    return int(np.prod([mesh.shape[n] for n in names]))
 
 
 def host_to_global(mesh: Mesh, local: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:

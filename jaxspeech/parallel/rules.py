@@ -8,7 +8,9 @@ model change.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import contextvars
+from collections.abc import Iterator, Mapping, Sequence
 
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -31,15 +33,73 @@ DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("channels", None),
 )
 
+Rules = Sequence[tuple[str, str | tuple[str, ...] | None]]
+
+# The table in force: `axis_rules(...)` swaps it for a block (a run's config.mesh.rules);
+# every function here that takes no explicit table reads it, so the layers'
+# `constrain` calls follow the run's table without being told.
+_ACTIVE: contextvars.ContextVar[Rules] = contextvars.ContextVar("rules", default=DEFAULT_RULES)
+
+
+def active_rules() -> Rules:
+    """The logical -> mesh axis table in force."""
+    return _ACTIVE.get()
+
+
+@contextlib.contextmanager
+def axis_rules(table: Rules) -> Iterator[None]:
+    """Use `table` instead of DEFAULT_RULES inside the block (tracing included)."""
+    token = _ACTIVE.set(tuple(table))
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(token)
+
+
+def rules_to_config(table: Rules = DEFAULT_RULES) -> dict[str, str]:
+    """The table as {logical name: "mesh,axes"} ("" = replicated): the form of
+    config.mesh.rules, one overridable key per logical name."""
+    out = {}
+    for name, axes in table:
+        names = () if axes is None else ((axes,) if isinstance(axes, str) else axes)
+        out[name] = ",".join(names)
+    return out
+
+
+def rules_from_config(entries: Mapping[str, str] | None) -> Rules:
+    """config.mesh.rules ({logical name: "mesh,axes"}) back to a table; None = the default.
+
+    Raises:
+      ValueError: an unknown logical or mesh axis name, or a logical name missing.
+    """
+    if entries is None:
+        return DEFAULT_RULES
+    known = {name for name, _ in DEFAULT_RULES}
+    unknown = sorted(set(entries) - known)
+    missing = sorted(known - set(entries))
+    if unknown or missing:
+        raise ValueError(
+            f"mesh.rules must name exactly the logical axes {sorted(known)}; "
+            + (f"unknown {unknown}" if unknown else f"missing {missing}")
+        )
+    table = []
+    for name, _ in DEFAULT_RULES:
+        axes = tuple(a.strip() for a in str(entries[name]).split(",") if a.strip())
+        bad = [a for a in axes if a not in MESH_AXES]
+        if bad:
+            raise ValueError(f"mesh.rules.{name}: unknown mesh axes {bad}; use {MESH_AXES}")
+        table.append((name, None if not axes else (axes[0] if len(axes) == 1 else axes)))
+    return tuple(table)
+
 
 def logical_to_spec(
-    logical: Sequence[str | None] | None,
-    rules: Sequence[tuple[str, str | tuple[str, ...] | None]] = DEFAULT_RULES,
+    logical: Sequence[str | None] | None, rules: Rules | None = None
 ) -> PartitionSpec:
-    """Logical names, e.g. ("embed", "mlp"), to a PartitionSpec of mesh axes."""
+    """Logical names, e.g. ("embed", "mlp"), to a PartitionSpec of mesh axes (by `rules`,
+    else the table in force)."""
     if logical is None:
         return PartitionSpec()
-    table = dict(rules)
+    table = dict(active_rules() if rules is None else rules)
     out, used = [], set()
     for name in logical:
         if name is not None and name not in table:
@@ -81,7 +141,7 @@ def named_sharding(
     mesh: Mesh,
     shape: Sequence[int],
     logical: Sequence[str | None] | None,
-    rules: Sequence[tuple[str, str | tuple[str, ...] | None]] = DEFAULT_RULES,
+    rules: Rules | None = None,
 ) -> NamedSharding:
     """NamedSharding for an array of `shape` annotated with logical names."""
     return NamedSharding(mesh, fit_spec(shape, logical_to_spec(logical, rules), mesh))

@@ -97,4 +97,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    mesh.define_flags()
     app.run(main)

@@ -6,13 +6,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from flax import nnx
 
 from configs import demo
-from jaxspeech import evaluate as eval_lib
-from jaxspeech import optim
+from jaxspeech import state as state_lib
 from jaxspeech.parallel import mesh as mesh_lib
-from jaxspeech.train import init_opt_state, make_train_step
+from jaxspeech.parallel import rules
+from jaxspeech.step import make_train_step
 
 VOCAB = 8
 
@@ -38,6 +37,7 @@ def _run_step(
     dtype="float32",
     plain=False,
     with_opt_state=False,
+    table=None,
 ):
     """One train step; returns (loss, grad norm, parameter change, new params).
 
@@ -57,24 +57,30 @@ def _run_step(
         mesh_shape = (1,) + tuple(mesh_shape)
     config.mesh.replica, config.mesh.data, config.mesh.fsdp, config.mesh.tensor = mesh_shape
     n = int(np.prod(mesh_shape))
-    mesh = mesh_lib.make_mesh(config.mesh.to_dict(), devices=jax.devices()[:n])
-    graphdef, _, _, p_shard, v_shard = eval_lib.abstract_model(config, VOCAB, mesh)
-    init = lambda: nnx.to_pure_dict(nnx.state(eval_lib.make_model(config, VOCAB, 0), nnx.Param))
-    params = jax.jit(init, out_shardings=p_shard)()
-    model_vars = jax.device_put(
-        {
-            "frontend": {
-                "mean": np.full(config.features.num_mel_bins, -5.0, np.float32),
-                "std": np.full(config.features.num_mel_bins, 3.0, np.float32),
-            }
-        },
-        v_shard,
+    if table is not None:
+        config.mesh.rules = rules.rules_to_config(table)
+    mesh = state_lib.mesh_from_config(config, devices=jax.devices()[:n])
+    mean, std = (
+        np.full(config.features.num_mel_bins, -5.0),
+        np.full(config.features.num_mel_bins, 3.0),
     )
-    tx = optax.identity() if plain else optim.make_optimizer(config.optim, 10)[0]
-    opt_state, o_shard = init_opt_state(tx, params, mesh, p_shard)
+    tx = optax.identity() if plain else None
+    with rules.axis_rules(state_lib.rules_from_config(config)):  # as train.py does
+        return _step_on(config, mesh, mean, std, tx, grad_accum, with_opt_state)
+
+
+def _step_on(config, mesh, mean, std, tx, grad_accum, with_opt_state):
+    ts = state_lib.init_train_state(config, VOCAB, mesh, mean, std, tx=tx)
+    params, model_vars, opt_state = ts.params, ts.model_vars, ts.opt_state
+    p_shard, v_shard, o_shard, graphdef = (
+        ts.spec.param_shardings,
+        ts.spec.var_shardings,
+        ts.opt_shardings,
+        ts.spec.graphdef,
+    )
     batch = mesh_lib.host_to_global(mesh, _batch())
     step = jax.jit(
-        make_train_step(graphdef, tx, 0, 0, config.loss, grad_accum=grad_accum),
+        make_train_step(graphdef, ts.tx, 0, 0, config.loss, grad_accum=grad_accum),
         in_shardings=(p_shard, v_shard, o_shard, None, None),
         out_shardings=(p_shard, o_shard, None),
     )
@@ -169,3 +175,17 @@ def test_bf16_compute_keeps_float32_parameters_and_close_loss(single_plain):
     a = np.concatenate([g.ravel() for g in jax.tree.leaves(grads16)])
     b = np.concatenate([g.ravel() for g in jax.tree.leaves(grads32)])
     assert float(a @ b / np.linalg.norm(a) / np.linalg.norm(b)) > 0.98
+
+
+def test_rules_table_from_the_config_lays_out_the_same_step(single_plain):
+    """config.mesh.rules decides the layout: with every model axis replicated and the batch
+    over all three axes, the (2, 2, 2) mesh is pure data parallelism; same gradients."""
+    table = dict(rules.DEFAULT_RULES)
+    table.update(batch=("data", "fsdp", "tensor"), embed=None, mlp=None, heads=None, vocab=None)
+    loss1, _, grads1, _ = single_plain
+    loss8, _, grads8, params8 = _run_step((2, 2, 2), plain=True, table=tuple(table.items()))
+    kernel = params8["encoder"]["blocks"]["ff1"]["up"]["kernel"]
+    assert all(axis is None for axis in kernel.sharding.spec)  # default: (None, fsdp, tensor)
+    assert len({str(s.index) for s in kernel.addressable_shards}) == 1  # whole on each device
+    np.testing.assert_allclose(loss8, loss1, rtol=1e-5)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), grads8, grads1)

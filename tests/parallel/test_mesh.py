@@ -107,3 +107,34 @@ def test_map_batch_shards_keeps_the_log_mel_on_each_devices_rows():
     np.testing.assert_allclose(
         rules.map_batch_shards(features.log_mel, audio[:2]), features.log_mel(audio[:2])
     )
+
+
+def test_importing_the_library_defines_no_global_flags():
+    """A library module defines no command-line flags at import time: importing every
+    jaxspeech module in a fresh interpreter leaves absl's global FLAGS as absl left it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import pkgutil, importlib, jaxspeech\n"
+        "from absl import flags\n"
+        "before = set(flags.FLAGS)\n"
+        "for m in pkgutil.walk_packages(jaxspeech.__path__, 'jaxspeech.'):\n"
+        "    importlib.import_module(m.name)\n"
+        "print(sorted(set(flags.FLAGS) - before))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == "[]", out
+
+
+def test_define_flags_feeds_initialize():
+    """The entry points' multi-host flags reach `initialize` once parsed."""
+    from absl import flags
+
+    fv = flags.FlagValues()
+    mesh_lib.define_flags(fv)
+    fv(["prog", "--coordinator_address=127.0.0.1:1", "--num_processes=2"])
+    assert fv.coordinator_address == "127.0.0.1:1" and fv.process_id is None
+    assert fv.heartbeat_timeout_s == mesh_lib.FLAG_DEFAULTS["heartbeat_timeout_s"]

@@ -1,0 +1,120 @@
+"""The training input pipeline from a config: bucket shapes that fit the mesh, host-side
+waveform augmentation, and the per-process Grain loader.
+
+The loader itself (`jaxspeech.data.pipeline`) and the augmenter
+(`jaxspeech.audio.augment`) take explicit arguments; this module reads the config for
+them and turns its mistakes into `UserError`s.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import jax
+from jax.sharding import Mesh
+from ml_collections import ConfigDict
+
+from jaxspeech.audio import augment
+from jaxspeech.data import pipeline as pipeline_lib
+from jaxspeech.errors import UserError
+from jaxspeech.parallel import mesh as mesh_lib
+
+
+def read_noise_list(path: str) -> tuple[str, ...]:
+    """Noise files from JSON lines {"audio_filepath": ...} or one path per line; relative
+    paths are relative to the list's directory.
+
+    Raises:
+      UserError: a missing list, a malformed line (named by its number), or no files.
+    """
+    if not os.path.isfile(path):
+        raise UserError(f"noise manifest not found: {path}")
+    base, files = os.path.dirname(os.path.abspath(path)), []
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            if line.startswith("{"):
+                try:
+                    line = json.loads(line)["audio_filepath"]
+                except (json.JSONDecodeError, KeyError, TypeError) as e:
+                    raise UserError(f"{path}:{line_no}: not a {{audio_filepath}} line") from e
+            files.append(os.path.join(base, line))
+    if not files:
+        raise UserError(f"noise manifest {path} lists no files")
+    return tuple(files)
+
+
+def waveform_augmenter(config: ConfigDict) -> augment.WaveformAugmenter | None:
+    """The loader's host-side augmentation from ``config.waveform_aug`` (None: all off)."""
+    w = config.waveform_aug
+    try:
+        cfg = augment.WaveformAugmentConfig(
+            speeds=tuple(w.speeds),
+            noise_prob=w.noise_prob,
+            snr_db=tuple(w.snr_db),
+            noise_files=read_noise_list(w.noise_manifest) if w.noise_manifest else (),
+            noise_exponents=tuple(w.noise_exponents),
+            reverb_prob=w.reverb_prob,
+            num_rirs=w.num_rirs,
+            rt60=tuple(w.rt60),
+            seed=config.seed,
+        )
+        return augment.WaveformAugmenter(cfg, config.features.sample_rate) if cfg.enabled else None
+    except ValueError as e:  # A bad value, or a noise file that does not exist.
+        raise UserError(f"config.waveform_aug: {e}") from e
+
+
+def train_bucket_spec(config: ConfigDict, mesh: Mesh) -> pipeline_lib.BucketSpec:
+    """The training batch shapes: every micro-batch splits evenly over the mesh's batch
+    shards, and every loader shard (and process) gets equal rows."""
+    grad_accum = int(config.train.grad_accum)
+    if grad_accum < 1:
+        raise UserError(f"train.grad_accum must be >= 1, got {grad_accum}")
+    loader_shards = int(config.data.loader_shards)
+    if loader_shards < 0 or (loader_shards and loader_shards % jax.process_count()):
+        raise UserError(
+            f"data.loader_shards={loader_shards} must be 0 (one per process) or a multiple of "
+            f"the {jax.process_count()} processes"
+        )
+    multiple_of = math.lcm(
+        mesh_lib.num_batch_shards(mesh) * grad_accum, loader_shards or jax.process_count()
+    )
+    return pipeline_lib.make_bucket_spec(
+        config.data.bucket_boundaries,
+        config.data.batch_seconds,
+        config.data.max_tokens_per_second,
+        config.features.sample_rate,
+        multiple_of=multiple_of,
+    )
+
+
+def train_pipeline(
+    config: ConfigDict, mesh: Mesh, tokenizer_dir: str
+) -> tuple[pipeline_lib.Pipeline, augment.WaveformAugmenter | None]:
+    """This process's training loader over `config.data` and its augmenter (or None)."""
+    spec = train_bucket_spec(config, mesh)
+    augmenter = waveform_augmenter(config)
+    try:
+        pipe = pipeline_lib.make_pipeline(
+            data_dir=config.data.dir,
+            split=config.data.train_split,
+            tokenizer_dir=tokenizer_dir,
+            spec=spec,
+            seed=config.seed,
+            train=True,
+            process_index=jax.process_index(),
+            process_count=jax.process_count(),
+            loader_shards=int(config.data.loader_shards),
+            num_workers=config.data.num_workers,
+            prefetch=config.data.prefetch,
+            speeds=augmenter.cfg.speeds if augmenter else (1.0,),
+            augment=augmenter,
+            with_text=bool(config.monitor.log_batch_ids),
+        )
+    except FileNotFoundError as e:
+        raise UserError(str(e)) from e
+    return pipe, augmenter

@@ -1,0 +1,245 @@
+"""The training step: loss wiring, gradients (with accumulation), the guarded update.
+
+`make_train_step` returns a pure function of (params, model_vars, opt_state, batch,
+step) that `jax.jit` compiles once per batch shape; `step_flops` counts the model FLOPs
+of one step (the MFU numerator). Built on `jaxspeech.state`; used by training, the
+benchmarks and the tests alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding
+from ml_collections import ConfigDict
+
+from jaxspeech import optim
+from jaxspeech import state as state_lib
+from jaxspeech.models.frontend import FeatureStats
+from jaxspeech.parallel import mesh as mesh_lib
+from jaxspeech.parallel import rules
+
+# Host batch arrays and their ranks: what the loader yields and the step reads.
+BATCH_RANKS = {
+    "audio": 2,
+    "audio_len": 1,
+    "labels": 2,
+    "label_len": 1,
+    "weight": 1,
+    "label_overflow": 1,
+}
+
+
+def batch_shardings(mesh: Mesh) -> dict[str, NamedSharding]:
+    """Every batch array split by rows over the mesh's batch axes."""
+    return {k: mesh_lib.batch_sharding(mesh, nd) for k, nd in BATCH_RANKS.items()}
+
+
+def rnnt_loss_scales(loss_cfg: ConfigDict, step: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(simple, pruned) loss weights at `step`: icefall's warm-up from (1, 0.1) to
+    (simple_scale, 1) over rnnt_warmup_steps; the pruning bounds only mean something
+    once the simple joiner has learned an alignment."""
+    frac = jnp.clip(step / max(loss_cfg.rnnt_warmup_steps, 1), 0.0, 1.0)
+    return 1.0 - frac * (1.0 - loss_cfg.simple_scale), 0.1 + 0.9 * frac
+
+
+def model_losses(
+    model: nnx.Module,
+    batch: dict,
+    key: jax.Array,
+    step: jax.Array,
+    loss_cfg: ConfigDict,
+    blank_id: int,
+) -> tuple[jax.Array, dict]:
+    """Summed training objective of a (micro-)batch and the sums that normalize it.
+
+    Returns (objective, sums): objective = sum over utterances of weight x loss;
+    sums = {"tokens", "utterances", "skipped_infeasible", "skipped_label_overflow",
+    "loss_<part>" (summed like the objective)}. Sums, not means, so micro-batches add up
+    to exactly the full batch; the step divides by the batch's tokens. Utterances whose
+    loss is infeasible (CTC: more labels than frames allow) or not finite get weight 0
+    and are counted, never averaged in.
+    """
+    enc, enc_len = model(batch["audio"], batch["audio_len"], train=True, rngs=nnx.Rngs(key))
+    labels, label_len = batch["labels"], batch["label_len"]
+    weight = batch["weight"]
+    parts, valid = {}, jnp.ones_like(weight, bool)
+    if model.ctc is not None:
+        parts["ctc"], ctc_ok = model.forward_ctc(enc, enc_len, labels, label_len, blank_id=blank_id)
+        valid = valid & ctc_ok
+    if model.transducer is not None:
+        rnnt_parts, rnnt_ok = model.forward_transducer(
+            enc,
+            enc_len,
+            labels,
+            label_len,
+            blank_id=blank_id,
+            rnnt_loss=loss_cfg.rnnt,
+            prune_range=loss_cfg.prune_range,
+            frames_per_chunk=loss_cfg.frames_per_chunk,
+        )
+        parts |= rnnt_parts
+        if "rnnt_pruned" in parts:
+            simple_w, pruned_w = rnnt_loss_scales(loss_cfg, step)
+            parts["rnnt"] = simple_w * parts["rnnt_simple"] + pruned_w * parts["rnnt_pruned"]
+        valid = valid & rnnt_ok
+    if "ctc" in parts and "rnnt" in parts:
+        total_b = parts["rnnt"] + loss_cfg.ctc_weight * parts["ctc"]
+    else:
+        total_b = parts.get("rnnt", parts.get("ctc"))
+    w = weight * valid
+    sums = {
+        "utterances": jnp.sum(w),
+        "tokens": jnp.sum(w * label_len),
+        "skipped_infeasible": jnp.sum(weight * (1.0 - valid)),
+        "skipped_label_overflow": jnp.sum(batch["label_overflow"]).astype(jnp.float32),
+    }
+    for name, part in parts.items():
+        sums[f"loss_{name}"] = jnp.sum(w * part)
+    return jnp.sum(w * total_b), sums
+
+
+def split_micro_batches(batch: dict, num: int) -> dict:
+    """(B, ...) arrays -> (num, B / num, ...): micro-batch i is rows i, i + num, i + 2 num, ...
+
+    Strided, not contiguous, so that every device's rows of the batch-sharded global
+    array stay on that device in every micro-batch (no data moves between devices).
+    """
+
+    def split(x):
+        b = x.shape[0]
+        if b % num:
+            raise ValueError(f"batch of {b} rows does not split into {num} micro-batches")
+        y = jnp.swapaxes(x.reshape((b // num, num) + x.shape[1:]), 0, 1)
+        return rules.constrain(y, (None, "batch") + (None,) * (x.ndim - 1))
+
+    return jax.tree.map(split, batch)
+
+
+def make_grads_fn(graphdef, blank_id: int, loss_cfg: ConfigDict) -> Callable:
+    """(params, model_vars, batch, key, step) -> (summed gradients, sums incl. "objective")."""
+
+    def objective(params, model_vars, batch, key, step):
+        model = nnx.merge(graphdef, params, model_vars)
+        return model_losses(model, batch, key, step, loss_cfg, blank_id)
+
+    def grads_and_sums(params, model_vars, batch, key, step):
+        (total, sums), grads = jax.value_and_grad(objective, has_aux=True)(
+            params, model_vars, batch, key, step
+        )
+        return grads, sums | {"objective": total}
+
+    return grads_and_sums
+
+
+def make_train_step(
+    graphdef,
+    tx: optax.GradientTransformation,
+    seed: int,
+    blank_id: int,
+    loss_cfg: ConfigDict,
+    *,
+    grad_accum: int = 1,
+) -> Callable:
+    """(params, model_vars, opt_state, batch, step) -> (params, opt_state, metrics).
+
+    With grad_accum = k > 1 the batch is processed as k micro-batches in a `lax.scan`
+    (activation memory of one micro-batch); gradients and loss sums accumulate in
+    float32 and are normalized once by the whole batch's tokens, so the update equals
+    the single-pass one up to summation order.
+
+    A step whose objective or gradient norm is not finite changes nothing: parameters
+    and optimizer state come back as they went in (metrics["nonfinite"] = 1). The test
+    is on global values inside the one SPMD program, so every process skips the same
+    steps. The step's randomness is `seed` folded with the step: (seed, step) is the
+    whole RNG state a checkpoint needs.
+    """
+    if grad_accum < 1:
+        raise ValueError(f"train.grad_accum must be >= 1, got {grad_accum}")
+    grads_and_sums = make_grads_fn(graphdef, blank_id, loss_cfg)
+
+    def train_step(params, model_vars, opt_state, batch, step):
+        key = jax.random.fold_in(step_key(seed), step)
+        if grad_accum == 1:
+            grads, sums = grads_and_sums(
+                params, model_vars, batch, jax.random.fold_in(key, 0), step
+            )
+        else:
+            micro = split_micro_batches(batch, grad_accum)
+
+            def body(acc, xs):
+                i, mb = xs
+                out = grads_and_sums(params, model_vars, mb, jax.random.fold_in(key, i), step)
+                return jax.tree.map(jnp.add, acc, out), None
+
+            shapes = jax.eval_shape(
+                grads_and_sums, params, model_vars, jax.tree.map(lambda x: x[0], micro), key, step
+            )
+            zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+            (grads, sums), _ = jax.lax.scan(body, zeros, (jnp.arange(grad_accum), micro))
+        # Per-token objective: buckets of different batch sizes get the same gradient scale.
+        tokens = jnp.maximum(sums["tokens"], 1.0)
+        grads = jax.tree.map(lambda g: g / tokens, grads)
+        grad_norm = optax.tree.norm(grads)
+        finite = jnp.isfinite(sums["objective"]) & jnp.isfinite(grad_norm)
+        updates, new_opt_state = tx.update(grads, opt_state, params)
+        new_params = optax.apply_updates(params, updates)
+        # Skipped, not clipped: a NaN anywhere would otherwise spread into every weight.
+        params, opt_state = jax.tree.map(
+            lambda new, old: jnp.where(finite, new, old),
+            (new_params, new_opt_state),
+            (params, opt_state),
+        )
+        metrics = {
+            "loss": sums["objective"] / tokens,
+            "utt_loss": sums["objective"] / jnp.maximum(sums["utterances"], 1.0),
+            "grad_norm": grad_norm,
+            "param_norm": optax.tree.norm(params),
+            "nonfinite": 1.0 - finite.astype(jnp.float32),
+        }
+        for k, v in sums.items():
+            metrics[k] = v / tokens if k.startswith("loss_") else v
+        return params, opt_state, metrics
+
+    return train_step
+
+
+def step_key(seed: int) -> jax.Array:
+    """The base key of the training step's randomness (dropout, SpecAugment)."""
+    return jax.random.key(seed + 1)
+
+
+def micro_batch_key(seed: int, step: int | jax.Array, index: int | jax.Array) -> jax.Array:
+    """The random key of micro-batch `index` of `step` (index 0 without accumulation)."""
+    return jax.random.fold_in(jax.random.fold_in(step_key(seed), step), index)
+
+
+def step_flops(config: ConfigDict, vocab_size: int, blank_id: int, batch_shapes: dict) -> float:
+    """Model FLOPs of one training step on a global batch of `batch_shapes`, by XLA's count.
+
+    XLA's cost analysis counts a while-loop body once, whatever its trip count, and
+    counts rematerialized work twice; model FLOPs (the MFU numerator) are neither. So
+    the count comes from lowering (never compiling or running) the same step with the
+    Conformer's layers and the transducer loss's chunks unrolled and no
+    rematerialization, on abstract arguments. Loops over time (an LSTM encoder's
+    recurrence, the transducer loss recursions) are still counted once: for an LSTM
+    encoder the figure is a lower bound.
+    """
+    c = ConfigDict(config.to_dict())
+    if "conformer" in c.model:
+        c.model.conformer.scan_layers = False
+        c.model.conformer.remat = "none"
+    c.loss.frames_per_chunk = None  # the transducer joiner's chunk loop, unrolled likewise
+    model = nnx.eval_shape(lambda: state_lib.make_model(c, vocab_size, 0))
+    graphdef, params, model_vars = nnx.split(model, nnx.Param, FeatureStats)
+    params, model_vars = nnx.to_pure_dict(params), nnx.to_pure_dict(model_vars)
+    tx, _ = optim.make_optimizer(c.optim, int(c.train.num_steps))
+    opt_state = jax.eval_shape(tx.init, params)
+    step = make_train_step(graphdef, tx, 0, blank_id, c.loss)
+    cost = jax.jit(step).lower(params, model_vars, opt_state, batch_shapes, jnp.int32(0))
+    analysis = cost.cost_analysis()
+    return float((analysis or {}).get("flops", 0.0))

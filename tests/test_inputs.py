@@ -1,0 +1,51 @@
+"""jaxspeech.inputs: the training input pipeline's settings from a config."""
+
+import os
+
+import pytest
+
+from configs import demo
+from jaxspeech import inputs
+from jaxspeech.errors import UserError
+
+
+def test_read_noise_list_json_lines_and_plain_paths(tmp_path):
+    (tmp_path / "noise").mkdir()
+    manifest = tmp_path / "noise.jsonl"
+    manifest.write_text('{"audio_filepath": "noise/a.wav"}\n\nnoise/b.wav\n/abs/c.wav\n')
+    assert inputs.read_noise_list(str(manifest)) == (
+        os.path.join(str(tmp_path), "noise/a.wav"),
+        os.path.join(str(tmp_path), "noise/b.wav"),
+        "/abs/c.wav",
+    )
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('{"path": "a.wav"}\n', r"noise.jsonl:1: not a \{audio_filepath\} line"),
+        ("\n\n", "lists no files"),
+    ],
+)
+def test_read_noise_list_errors(tmp_path, text, message):
+    manifest = tmp_path / "noise.jsonl"
+    manifest.write_text(text)
+    with pytest.raises(UserError, match=message):
+        inputs.read_noise_list(str(manifest))
+    with pytest.raises(UserError, match="noise manifest not found"):
+        inputs.read_noise_list(str(tmp_path / "missing.jsonl"))
+
+
+def test_waveform_augmenter_from_config(tmp_path):
+    config = demo.get_config()
+    assert inputs.waveform_augmenter(config) is None  # The demo leaves it off.
+    tiny = inputs.waveform_augmenter(demo.get_config("tiny"))
+    assert tiny.cfg.speeds == (0.9, 1.0, 1.1) and tiny.cfg.reverb_prob == 0.5
+    config.waveform_aug.noise_prob = 1.5
+    with pytest.raises(UserError, match="config.waveform_aug: noise_prob must be in"):
+        inputs.waveform_augmenter(config)
+    config.waveform_aug.noise_prob = 0.5
+    (tmp_path / "list.txt").write_text("gone.wav\n")
+    config.waveform_aug.noise_manifest = str(tmp_path / "list.txt")
+    with pytest.raises(UserError, match="gone.wav"):
+        inputs.waveform_augmenter(config)

@@ -1,0 +1,56 @@
+"""jaxspeech.step: the train step's model FLOPs (the loss wiring and gradients are tested
+against references in tests/models/test_transducer.py and tests/parallel)."""
+
+from configs import demo
+from jaxspeech import state as state_lib
+from jaxspeech import step as step_lib
+
+
+def _flops_config(num_layers, scan_layers=True):
+    config = demo.get_config("tiny")
+    config.model.conformer.update(
+        dim=144, num_heads=4, num_layers=num_layers, conv_kernel=15, scan_layers=scan_layers
+    )
+    config.specaug.enabled = False
+    return config
+
+
+def test_step_flops_counts_every_layer_like_the_matmul_arithmetic():
+    """Model FLOPs grow per Conformer block by 3x (forward + backward) its matmul FLOPs,
+    counted by hand; XLA's count of a scanned step would see one block only."""
+    import jax
+    import jax.numpy as jnp
+
+    b, s, vocab = 2, 32000, 30
+    shapes = {
+        "audio": jax.ShapeDtypeStruct((b, s), jnp.float32),
+        "audio_len": jax.ShapeDtypeStruct((b,), jnp.int32),
+        "labels": jax.ShapeDtypeStruct((b, 20), jnp.int32),
+        "label_len": jax.ShapeDtypeStruct((b,), jnp.int32),
+        "weight": jax.ShapeDtypeStruct((b,), jnp.float32),
+        "label_overflow": jax.ShapeDtypeStruct((b,), jnp.int32),
+    }
+    f2, f4 = (step_lib.step_flops(_flops_config(n), vocab, 0, shapes) for n in (2, 4))
+    # Scanned or not, the count is the same: the count unrolls the layers itself.
+    assert step_lib.step_flops(_flops_config(2, scan_layers=False), vocab, 0, shapes) == f2
+
+    enc = jax.eval_shape(
+        lambda a, n: state_lib.make_model(_flops_config(2), vocab, 0)(a, n)[0],
+        shapes["audio"],
+        shapes["audio_len"],
+    )
+    t, d, k = enc.shape[1], 144, 15
+    r = 2 * t - 1  # relative positions
+    block_forward = (
+        2 * b * t * d * 4 * d * 2 * 2  # two feed-forward modules, two matmuls each
+        + 2 * b * t * d * d * 4  # q, k, v and output projections
+        + 2 * r * d * d  # relative position projection
+        + 2 * b * t * t * d * 2  # content scores and context
+        + 2 * b * t * r * d  # position scores (before the relative shift)
+        + 2 * b * t * d * 2 * d
+        + 2 * b * t * d * d  # conv module pointwise 1 and 2
+        + 2 * b * t * d * (32 + k - 1)  # depthwise conv as 32-frame band matmuls
+    )
+    per_block = (f4 - f2) / 2
+    # Elementwise work (norms, activations, softmax, Adam) adds a little on top.
+    assert 1.0 <= per_block / (3 * block_forward) < 1.25, per_block / (3 * block_forward)
