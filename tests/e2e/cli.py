@@ -1,15 +1,32 @@
 """Run the project's CLIs as users do, from the repository root."""
 
+import functools
 import os
 import subprocess
 import sys
+import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+@functools.cache
+def compile_cache() -> str:
+    """One persistent compilation cache for every process of the test session: a program
+    that one test's run compiled is loaded, not compiled again, by the next run."""
+    return tempfile.mkdtemp(prefix="jaxspeech-test-jit-cache-")
+
+
+def cpu_env(devices: int = 1) -> dict:
+    """The environment of a CPU job with `devices` devices (1: as users run it) that
+    shares the session's compilation cache."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=compile_cache())
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}" if devices > 1 else ""
+    return env
+
+
 def run_module(*args, check=True, env=None, timeout=900):
     """`python -m <args>` from the repository root; one CPU device unless `env` says otherwise."""
-    env = env or dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")  # as users run it
+    env = env or cpu_env()
     proc = subprocess.run(
         [sys.executable, "-m", *args],
         cwd=ROOT,
@@ -25,17 +42,47 @@ def run_module(*args, check=True, env=None, timeout=900):
     return proc
 
 
-def tiny_train_args(workdir, shards, *extra) -> list[str]:
-    """`jaxspeech.train` arguments for the tiny config on `shards`: a progress line every
-    step, no periodic samples, no final evaluation (the faults and multi-host tests)."""
+def session_overrides() -> list[str]:
+    """Config overrides of every training run in the tests: the session's compilation
+    cache, and no FLOP count (a second lowering of every batch shape)."""
+    return [
+        f"--config.train.compile_cache_dir={compile_cache()}",
+        "--config.monitor.count_flops=False",
+    ]
+
+
+def train_args(workdir, shards, *extra) -> list[str]:
+    """`jaxspeech.train` arguments for the tiny config on `shards`, with the session's
+    overrides."""
     return [
         "--config",
         "configs/demo.py:tiny",
         "--workdir",
         str(workdir),
         f"--config.data.dir={shards}",
+        *session_overrides(),
+        *extra,
+    ]
+
+
+def tiny_train_args(workdir, shards, *extra) -> list[str]:
+    """`train_args` with a progress line every step, no periodic samples and no final
+    evaluation (the faults and multi-host tests)."""
+    return train_args(
+        workdir,
+        shards,
         "--config.train.log_every=1",
         "--config.train.eval_at_end=False",
         "--config.monitor.samples_every=0",
         *extra,
-    ]
+    )
+
+
+def tiny_config(shards, *overrides: str):
+    """The tiny config as `jaxspeech.train` parses `overrides`, for the trainer in this
+    process: no compilation cache (the trainer would point this process's at the run)."""
+    from tests.test_config_keys import TINY, parse
+
+    return parse(
+        TINY, f"--config.data.dir={shards}", "--config.train.compile_cache_dir=", *overrides
+    )

@@ -1,15 +1,17 @@
 """Shared by the end-to-end tests: one tiny synthetic corpus per session."""
 
+import shutil
+
 import pytest
 
-from tests.e2e.cli import run_module
+from tests.e2e.cli import run_module, train_args
 
 
 @pytest.fixture(scope="session")
 def corpus(tmp_path_factory):
     root = tmp_path_factory.mktemp("e2e")
     raw, shards = root / "raw", root / "shards"
-    run_module("data_prep.synth_demo", "--output", str(raw), "--hours", "0.06", "--seed", "1")
+    run_module("data_prep.demo.synth", "--output", str(raw), "--hours", "0.06", "--seed", "1")
     for split in ("train", "dev", "test"):
         run_module(
             "data_prep.prepare",
@@ -27,3 +29,22 @@ def corpus(tmp_path_factory):
             "--direct_num_workers=1",
         )
     return root, shards
+
+
+@pytest.fixture(scope="session")
+def tiny_run(corpus):
+    """One finished tiny run (8 steps, checkpoints 4 and 8, evaluated on dev at the end),
+    shared by the resume, evaluation and fault tests; they copy it before changing it.
+    Returns (run directory, the run's console output)."""
+    root, shards = corpus
+    workdir = root / "tiny"
+    out = run_module("jaxspeech.train", *train_args(workdir, shards)).stdout
+    return workdir, out
+
+
+@pytest.fixture
+def tiny_run_copy(tiny_run, tmp_path):
+    """A private copy of the shared finished run, free to corrupt or extend."""
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run[0], run)
+    return run

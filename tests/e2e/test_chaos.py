@@ -8,6 +8,8 @@ import os
 
 import pytest
 
+from tests.e2e.cli import session_overrides
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _spec = importlib.util.spec_from_file_location(
     "chaos_benchmark", os.path.join(ROOT, "benchmarks", "chaos.py")
@@ -28,6 +30,7 @@ def test_quick_chaos_resumes_exactly(corpus, tmp_path):
         workdir=str(tmp_path / "runs"),
         out=str(out),
         quick=True,
+        extra_args=session_overrides(),
     )
     assert json.loads(out.read_text())["params_bitwise_equal"] == r["params_bitwise_equal"]
     assert r["params_bitwise_equal"], r["params_differ"]

@@ -8,11 +8,9 @@ import jax
 import numpy as np
 import pytest
 
-from jaxspeech import checkpoint as ckpt_lib
-from jaxspeech import evaluate as eval_lib
-from jaxspeech.data.tokenizer import Tokenizer
+from jaxspeech import state as state_lib
 from jaxspeech.parallel import mesh as mesh_lib
-from tests.e2e.cli import run_module, tiny_train_args
+from tests.e2e.cli import cpu_env, run_module, tiny_train_args
 
 pytestmark = pytest.mark.slow
 
@@ -41,25 +39,14 @@ def _losses(workdir) -> dict[int, float]:
 
 
 def _params(workdir):
-    config = eval_lib.load_run_config(str(workdir))
-    tok = Tokenizer.load(os.path.join(workdir, "assets", "tokenizer"))
     mesh = mesh_lib.make_mesh({"data": 1}, devices=jax.devices()[:1])
-    _, abs_params, abs_vars, _, _ = eval_lib.abstract_model(config, tok.vocab_size, mesh)
-    ckpt = ckpt_lib.Checkpointer(str(workdir), async_save=False)
-    out = ckpt.restore(
-        ckpt.latest_step(), abstract_model={"params": abs_params, "model_vars": abs_vars}
-    )
-    ckpt.close()
-    return jax.tree.map(np.asarray, out["model"]["params"])
+    return jax.tree.map(np.asarray, state_lib.load_run(str(workdir), mesh=mesh).params)
 
 
 def test_two_processes_match_one_process_and_resume(corpus, tmp_path):
     _, shards = corpus
     single, multi = tmp_path / "single", tmp_path / "multi"
-    env8 = dict(
-        os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8"
-    )
-    one = run_module("jaxspeech.train", *_train_args(single, shards), env=env8)
+    one = run_module("jaxspeech.train", *_train_args(single, shards), env=cpu_env(8))
     assert "8 x cpu, 1 process(es)" in one.stdout
 
     launch = ["jaxspeech.launch_local", "--num_processes=2", "--devices_per_process=4", "--"]
