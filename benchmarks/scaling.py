@@ -552,9 +552,9 @@ def compile_layout(config, shape: tuple[int, ...], batch_spec, opt_state: str) -
     abstract arguments; returns the HLO text, FLOPs and parameter bytes."""
     import jax
     import jax.numpy as jnp
-    import optax
     from jax.sharding import NamedSharding, PartitionSpec
 
+    from jaxspeech import checkpoint as ckpt_lib
     from jaxspeech import optim
     from jaxspeech import state as state_lib
     from jaxspeech import step as step_lib
@@ -571,24 +571,14 @@ def compile_layout(config, shape: tuple[int, ...], batch_spec, opt_state: str) -
     tx, _ = optim.make_optimizer(config.optim, config.train.num_steps)
     replicated = NamedSharding(mesh, PartitionSpec())
 
-    def sds(x, sharding):
-        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
-
     abstract_opt = jax.eval_shape(tx.init, params)
-    if opt_state == "params":
-        opt = optax.tree_map_params(
-            tx,
-            lambda x, s: sds(x, s),
-            abstract_opt,
-            p_shard,
-            transform_non_params=lambda x: sds(x, replicated),
-            is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct),
-        )
+    if opt_state == "params":  # the train loop's layout: moments sharded like parameters
+        o_shard = state_lib.opt_shardings(tx, params, mesh, p_shard)
     elif opt_state == "replicated":
-        opt = jax.tree.map(lambda x: sds(x, replicated), abstract_opt)
+        o_shard = jax.tree.map(lambda _: replicated, abstract_opt)
     else:
         raise ValueError(f"--opt-state must be params or replicated, got {opt_state!r}")
-    o_shard = jax.tree.map(lambda x: x.sharding, opt)
+    opt = ckpt_lib.abstract_like(abstract_opt, o_shard)
     batch = abstract_batch(mesh, utterances, seconds, config)
     step = jax.jit(
         step_lib.make_train_step(spec.graphdef, tx, 0, 0, config.loss),
