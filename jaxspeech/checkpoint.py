@@ -379,12 +379,12 @@ class Checkpointer:
         return problem
 
     def restore_latest(
-        self, *, warn: Callable[[str], None], **restore_kwargs
+        self, *, warn: Callable[[int, str], None], **restore_kwargs
     ) -> tuple[int, dict] | None:
         """Restore the latest step that reads and verifies; (step, items), or None when
         the workdir has no checkpoint.
 
-        A step that fails (on any process) is reported through `warn`, moved to
+        A step that fails (on any process) is reported through `warn(step, message)`, moved to
         RUN/checkpoints_corrupt/, and the step before it is tried. An incompatible model
         is not corruption: it raises CheckpointError at once.
         """
@@ -406,9 +406,10 @@ class Checkpointer:
                     return step, restored
             previous = [s for s in self.all_steps() if s < step]
             warn(
+                step,
                 f"WARNING: checkpoint {step} is corrupt or incomplete ("
                 f"{error or 'failed on another process'}); moving it to {CORRUPT_DIR}/ and "
-                + (f"restoring step {previous[-1]}" if previous else "starting from scratch")
+                + (f"restoring step {previous[-1]}" if previous else "starting from scratch"),
             )
             self.quarantine(step)
         return None

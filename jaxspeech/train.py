@@ -171,9 +171,9 @@ class Trainer:
         config, ts = self.config, self.state
         t0 = time.time()
 
-        def warn(msg: str) -> None:
+        def warn(step: int, msg: str) -> None:
             log(msg)
-            self.events.write("checkpoint_corrupt", message=msg)
+            self.events.write("checkpoint_corrupt", step=step, message=msg)
 
         try:
             found = self.ckpt.restore_latest(

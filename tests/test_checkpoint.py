@@ -297,7 +297,10 @@ def test_restore_on_another_mesh_is_bitwise(saved_run, sizes, n):
     it = _iterator()
     meta = ckpt.meta(5)
     step, out = ckpt.restore_latest(
-        warn=pytest.fail, abstract_model=abs_model, abstract_train=abs_train, data_iter=it
+        warn=lambda step, msg: pytest.fail(msg),
+        abstract_model=abs_model,
+        abstract_train=abs_train,
+        data_iter=it,
     )
     ckpt.close()
     assert step == 5 and meta["step"] == 5 and meta["reason"] == "test"
@@ -332,7 +335,7 @@ def test_incompatible_model_raises_and_quarantines_nothing(saved_run, tmp_path):
     first = differ[0]
     ckpt = ckpt_lib.Checkpointer(run)
     with pytest.raises(ckpt_lib.CheckpointError) as e:
-        ckpt.restore_latest(warn=pytest.fail, abstract_model=abs_model)
+        ckpt.restore_latest(warn=lambda step, msg: pytest.fail(msg), abstract_model=abs_model)
     message = str(e.value)
     assert "checkpoint 5" in message and "different model" in message
     old_shape, new_shape = list(have[first]), list(want[first])
@@ -425,14 +428,16 @@ def test_corrupt_latest_falls_back_to_previous(tmp_path, corrupt, reason):
     warnings = []
     it = _iterator()
     step, out = ckpt.restore_latest(
-        warn=warnings.append, abstract_model=_small_abstract(), data_iter=it
+        warn=lambda step, msg: warnings.append((step, msg)),
+        abstract_model=_small_abstract(),
+        data_iter=it,
     )
     assert step == 2
     _assert_bitwise(out["model"], _host(_small(2.0)))
     assert next(it) == 2
-    assert len(warnings) == 1
-    assert "checkpoint 4 is corrupt" in warnings[0] and "restoring step 2" in warnings[0]
-    assert reason in warnings[0]
+    assert len(warnings) == 1 and warnings[0][0] == 4
+    assert "checkpoint 4 is corrupt" in warnings[0][1] and "restoring step 2" in warnings[0][1]
+    assert reason in warnings[0][1]
     assert ckpt.all_steps() == [2] and ckpt.latest_step() == 2
     moved = os.listdir(tmp_path / ckpt_lib.CORRUPT_DIR)
     assert len(moved) == 1 and moved[0].startswith("4-")
@@ -445,9 +450,15 @@ def test_only_corrupt_checkpoint_starts_from_scratch(tmp_path):
     _save_small(ckpt, 4, 4.0)
     _corrupt_fingerprint(os.path.join(ckpt.directory, "4"))
     warnings = []
-    assert ckpt.restore_latest(warn=warnings.append, abstract_model=_small_abstract()) is None
-    assert len(warnings) == 1 and "checkpoint 4 is corrupt" in warnings[0]
-    assert "starting from scratch" in warnings[0] and "fingerprint" in warnings[0]
+    assert (
+        ckpt.restore_latest(
+            warn=lambda step, msg: warnings.append((step, msg)), abstract_model=_small_abstract()
+        )
+        is None
+    )
+    assert len(warnings) == 1 and warnings[0][0] == 4
+    assert "checkpoint 4 is corrupt" in warnings[0][1]
+    assert "starting from scratch" in warnings[0][1] and "fingerprint" in warnings[0][1]
     assert ckpt.all_steps() == [] and len(os.listdir(tmp_path / ckpt_lib.CORRUPT_DIR)) == 1
     ckpt.close()
 

@@ -228,7 +228,7 @@ def test_corrupt_latest_checkpoint_falls_back_and_bad_configs_are_refused(
     assert "WARNING: checkpoint 8 is corrupt or incomplete (parameter fingerprint " in out
     assert "100% 8/8" in out
     (corrupt,) = events(run, "checkpoint_corrupt")
-    assert corrupt["message"].startswith("WARNING: checkpoint 8 is corrupt")
+    assert corrupt["step"] == 8 and corrupt["message"].startswith("WARNING: checkpoint 8 is")
     assert [e["step"] for e in events(run, "resumed")] == [4]
     assert [d.split("-")[0] for d in os.listdir(run / "checkpoints_corrupt")] == ["8"]
     assert steps_of(run / "checkpoints") == [4, 8]  # step 8 trained again and saved
