@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxspeech.data import pipeline as pipeline_lib
 from jaxspeech.metrics import images, perf
 from jaxspeech.parallel import mesh as mesh_lib
 
@@ -218,14 +219,7 @@ def peek_rows(local: dict, rows: int, samples: int) -> dict:
     decoding and spectrograms (one compilation, not one per bucket)."""
     have = min(rows, local["audio"].shape[0])
     n = min(samples, local["audio"].shape[1])
-    u = local["labels"].shape[1]
-    out = {
-        "audio": np.zeros((rows, samples), np.float32),
-        "audio_len": np.full((rows,), samples, np.int32),
-        "labels": np.zeros((rows, u), np.int32),
-        "label_len": np.zeros((rows,), np.int32),
-        "weight": np.zeros((rows,), np.float32),
-    }
+    out = pipeline_lib.empty_batch(rows, samples, local["labels"].shape[1])
     out["audio"][:have, :n] = local["audio"][:have, :n]
     out["audio_len"][:have] = np.minimum(local["audio_len"][:have], samples)
     for k in ("labels", "label_len", "weight"):

@@ -277,6 +277,20 @@ class BatchPlan:
 Augment = Callable[[np.ndarray, np.random.Generator, float], np.ndarray]
 
 
+def empty_batch(rows: int, samples: int, max_labels: int) -> dict[str, np.ndarray]:
+    """A host batch of `rows` padding rows: (rows, samples) audio, (rows, max_labels)
+    labels. Padding rows get a full-length silent input and no labels (a finite loss) and
+    weight 0; callers fill the real rows in place."""
+    return {
+        "audio": np.zeros((rows, samples), np.float32),
+        "audio_len": np.full((rows,), samples, np.int32),
+        "labels": np.zeros((rows, max_labels), np.int32),
+        "label_len": np.zeros((rows,), np.int32),
+        "weight": np.zeros((rows,), np.float32),
+        "label_overflow": np.zeros((rows,), np.int32),
+    }
+
+
 class LoadBatch:
     """Reads, decodes, augments and pads one host-local batch. Picklable (opens shards
     lazily per worker).
@@ -331,15 +345,7 @@ class LoadBatch:
     def __call__(self, planned: PlannedBatch) -> dict:
         bucket, indices = planned.bucket, np.asarray(planned.indices)
         b, s, u = len(indices), self.spec.num_samples(bucket), self.spec.max_labels[bucket]
-        out = {
-            "audio": np.zeros((b, s), np.float32),
-            # Padding rows get a full-length silent input and no labels: finite loss, weight 0.
-            "audio_len": np.full((b,), s, np.int32),
-            "labels": np.zeros((b, u), np.int32),
-            "label_len": np.zeros((b,), np.int32),
-            "weight": np.zeros((b,), np.float32),
-            "label_overflow": np.zeros((b,), np.int32),
-        }
+        out = empty_batch(b, s, u)
         texts, ids = [""] * b, [""] * b
         real = [i for i in range(b) if indices[i] != PAD_INDEX]
         local = indices[real]
