@@ -34,12 +34,18 @@ synthesized and prepared first, as tests/e2e/conftest.py does (0.06 h, char toke
    it resumed from (a kill before the first step would only repeat the compilation).
    `sigkill_save` waits for the first save of the schedule (a multiple of C) from the
    slice's start on; with none left before S it falls back to `sigkill_step`.
+   With --damaged_records N (default 3; 0: off) both runs train on a copy of the corpus
+   whose largest train shard has 64 bytes inverted at N places spread over it (what a bad
+   disk or an interrupted copy leaves; `damage_corpus`), with
+   `data.max_corrupt_fraction=0.2`: the unreadable records are skipped and counted.
 3. Verify: the final parameters (and feature statistics) of both runs, read with
    `jaxspeech.state.load_run`, equal bit for bit (every leaf: dtype, shape,
    `np.array_equal` and the raw bytes), and `jaxspeech.monitor.read_batch_ids` gives the
    same utterance ids for every step 1..S (the same data order: nothing skipped or
    repeated across restarts); a step trained twice (before a kill and after it) must have
-   read the same utterances both times.
+   read the same utterances both times. With damage: both runs skipped the same records
+   (RUN/data_faults/p0.jsonl) at the same steps (`records_skipped` events), and a
+   disruption came after a skip (the resumed run met the damage again, or resumed past it).
 
 Recorded per disruption: kind, trigger_step (the step whose progress line or
 `checkpoint_saved` event made the driver signal; for `sigkill_save` the step being saved),
@@ -471,6 +477,43 @@ def make_corpus(root: str) -> str:
     return shards
 
 
+def damage_corpus(data: str, dest: str, places: int) -> str:
+    """A copy of the prepared corpus `data` at `dest` whose largest train shard has 64
+    bytes inverted at `places` points spread evenly over its first 90% (its index and
+    footer at the end stay readable). Returns `dest`."""
+    shutil.copytree(data, dest)
+    split = os.path.join(dest, "train")
+    shards = [os.path.join(split, n) for n in os.listdir(split) if n.endswith(".array_record")]
+    path = max(shards, key=os.path.getsize)
+    size = os.path.getsize(path)
+    with open(path, "r+b") as f:
+        for k in range(places):
+            at = int(0.9 * size * (k + 1) / (places + 1))
+            f.seek(at)
+            chunk = f.read(64)
+            f.seek(at)
+            f.write(bytes(b ^ 0xFF for b in chunk))
+    return dest
+
+
+def skipped_by_step(workdir: str) -> dict[int, int]:
+    """{step: unreadable records skipped} from a run's `records_skipped` events (a step
+    replayed after a kill: its last event)."""
+    from jaxspeech.monitor import read_events
+
+    return {e["step"]: e["count"] for e in read_events(workdir) if e["event"] == "records_skipped"}
+
+
+def faulty_records(workdir: str) -> list[tuple[str, int]]:
+    """(shard file name, record index) of every record RUN/data_faults/p0.jsonl reports."""
+    path = os.path.join(workdir, "data_faults", "p0.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f if line.endswith("\n")]
+    return sorted({(os.path.basename(r["shard"]), r["index"]) for r in rows})
+
+
 # ------------------------------------------------------------------------------------
 # Verification (in this process).
 # ------------------------------------------------------------------------------------
@@ -564,6 +607,7 @@ def run_chaos(
     quick: bool = False,
     verbose: bool = True,
     extra_args: Sequence[str] = (),
+    damaged_records: int = 3,
 ) -> dict:
     """Reference run, chaos runs, verification; returns (and writes to `out`) the result."""
     say = print if verbose else (lambda *a, **k: None)
@@ -582,6 +626,10 @@ def run_chaos(
         data = make_corpus(os.path.join(workdir, "corpus"))
         say(f"corpus ready in {time.time() - t0:.0f} s", flush=True)
     data = os.path.abspath(data)
+    if damaged_records:
+        data = damage_corpus(data, os.path.join(workdir, "damaged"), damaged_records)
+        extra_args = [*extra_args, "--config.data.max_corrupt_fraction=0.2"]
+        say(f"training on {data}: {damaged_records} places of a train shard damaged", flush=True)
 
     # ---------------------------------------------------------- reference
     say(f"reference: {steps} steps, checkpoint every {every}, uninterrupted", flush=True)
@@ -691,6 +739,17 @@ def run_chaos(
     # ---------------------------------------------------------- verify
     checks = verify(ref_dir, chaos_dir, steps)
     summary = summarize(events)
+    skips = skipped_by_step(ref_dir)
+    checks |= {
+        "damaged_places": damaged_records,
+        "skipped_records": sum(skips.values()),
+        "skipped_at_steps": sorted(skips),
+        "skips_equal": skips == skipped_by_step(chaos_dir)
+        and faulty_records(ref_dir) == faulty_records(chaos_dir),
+        "faulty_records": faulty_records(ref_dir),
+        "disrupted_after_a_skip": bool(skips)
+        and any(e["trigger_step"] > min(skips) for e in events),
+    }
     import jax
 
     result = {
@@ -794,6 +853,13 @@ def print_report(r: dict, say=print) -> None:
         + f"; the {len(r['replayed_steps'])} steps replayed after kills read the same "
         f"utterances again: {r['replays_identical']}"
     )
+    if r.get("damaged_places"):
+        say(
+            f"damaged corpus: {r['skipped_records']} unreadable records skipped at steps "
+            f"{r['skipped_at_steps']} ({len(r['faulty_records'])} distinct); the same in "
+            f"both runs: {r['skips_equal']}; a disruption after a skip: "
+            f"{r['disrupted_after_a_skip']}"
+        )
     say(f"total {r['wall_s']:.0f} s")
 
 
@@ -812,6 +878,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--workdir", default=None, help="runs, logs, corpus (default: a temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep a default temp workdir")
     ap.add_argument("--out", default=os.path.join(RESULTS, "chaos.json"))
+    ap.add_argument(
+        "--damaged_records",
+        type=int,
+        default=3,
+        help="places damaged in a train shard of a copy of the corpus (0: train on it as is)",
+    )
     args = ap.parse_args(argv)
     plan = QUICK if args.quick else FULL
     steps = args.steps or plan["steps"]
@@ -830,6 +902,7 @@ def main(argv: list[str] | None = None) -> dict:
             workdir=workdir,
             out=args.out,
             quick=args.quick,
+            damaged_records=args.damaged_records,
         )
     finally:
         if temp and not args.keep:

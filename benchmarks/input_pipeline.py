@@ -139,7 +139,7 @@ def _time_train_step(config, data_dir: str, spec, num_steps: int) -> dict:
     )
     # The batches the step would see, without augmentation (the same shapes), preloaded.
     pipe = train_pipeline(data_dir, spec, config.seed)
-    keys = ("audio", "audio_len", "labels", "label_len", "weight", "label_overflow")
+    keys = tuple(step_lib.BATCH_RANKS)
     batches = [{k: pipe.load(pipe.plan[i])[k] for k in keys} for i in range(num_steps)]
     t0 = time.perf_counter()
     for bucket in sorted({pipe.plan[i].bucket for i in range(num_steps)}):  # Compile each.

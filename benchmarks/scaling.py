@@ -531,6 +531,7 @@ def abstract_batch(mesh, utterances: int, seconds: float, config) -> dict:
         "label_len": ((utterances,), jnp.int32),
         "weight": ((utterances,), jnp.float32),
         "label_overflow": ((utterances,), jnp.int32),
+        "corrupt": ((utterances,), jnp.int32),
     }
     return {
         k: jax.ShapeDtypeStruct(s, d, sharding=mesh_lib.batch_sharding(mesh, len(s)))

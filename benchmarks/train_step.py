@@ -161,6 +161,7 @@ def make_batch(
         "label_len": label_len,
         "weight": np.ones(batch, np.float32),
         "label_overflow": np.zeros(batch, np.int32),
+        "corrupt": np.zeros(batch, np.int32),
     }
 
 

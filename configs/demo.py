@@ -77,6 +77,16 @@ def get_config(arg: str | None = None) -> ConfigDict:
     c.data.loader_shards = 0
     c.data.num_workers = 0  # Grain worker processes; 0 reads in threads (enough for the demo)
     c.data.prefetch = 4  # batches read ahead
+    # A record that cannot be read or decoded is skipped and counted; more distinct bad
+    # records in one epoch than this fraction of the split stops the run with the worst
+    # shards named (a damaged corpus, not a stray bad sector). 0.1%: a few bad chunks
+    # in a large corpus pass, a bad disk does not.
+    c.data.max_corrupt_fraction = 0.001
+    # Read errors that may pass (network file systems, object-store mounts) are retried
+    # this many times, waiting read_backoff_s, then 2x, 4x ...: 1+2+4 s rides out a
+    # mount's hiccup without stalling a step for minutes. Then the record is skipped.
+    c.data.read_retries = 3
+    c.data.read_backoff_s = 1.0
 
     c.features = ConfigDict()
     c.features.sample_rate = 16000

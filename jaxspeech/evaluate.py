@@ -25,7 +25,7 @@ from flax import nnx
 from ml_collections import ConfigDict
 
 from jaxspeech import checkpoint as ckpt_lib
-from jaxspeech import cli
+from jaxspeech import cli, faults, inputs
 from jaxspeech import state as state_lib
 from jaxspeech.data import pipeline as pipeline_lib
 from jaxspeech.data import records
@@ -128,8 +128,14 @@ def evaluate_split(
     split: str,
     tokenizer_dir: str,
     num_examples: int = 3,
+    fault_log: faults.FaultLog | None = None,
 ) -> dict:
-    """Decode every utterance of `data_dir/split` (config.decoding): WER/CER and examples."""
+    """Decode every utterance of `data_dir/split` (config.decoding): WER/CER and examples.
+
+    A record that cannot be read or decoded is reported (`fault_log`), counted in the
+    result's "skipped_unreadable" and left out of WER; more than
+    data.max_corrupt_fraction of the split raises faults.CorpusDamaged.
+    """
     t0 = time.time()
     index = records.read_split_index(data_dir, split)
     multiple_of = math.lcm(mesh_lib.num_batch_shards(mesh), jax.process_count())
@@ -144,10 +150,14 @@ def evaluate_split(
         process_index=jax.process_index(),
         process_count=jax.process_count(),
         prefetch=config.data.prefetch,
+        retry=inputs.retry_policy(config),
     )
     tokenizer = Tokenizer.load(tokenizer_dir)
-    counts, examples = ErrorCounts(), []
+    fault_log = fault_log or faults.FaultLog(None, what=f"evaluating {split}")
+    counts, examples, unreadable = ErrorCounts(), [], 0
     for batch in pipe.dataset():
+        fault_log.add(batch["faults"])
+        unreadable += int(batch["corrupt"].sum())
         arrays = mesh_lib.host_to_global(mesh, {k: batch[k] for k in ("audio", "audio_len")})
         out = decode_fn(params, model_vars, arrays["audio"], arrays["audio_len"])
         out = {k: mesh_lib.to_host_local(mesh, v) for k, v in out.items()}
@@ -161,20 +171,31 @@ def evaluate_split(
                 examples.append({"id": utt_id, "ref": ref, "hyp": hyp})
     totals = mesh_lib.sum_over_processes(
         np.array(
-            [counts.word_errors, counts.words, counts.char_errors, counts.chars, counts.utterances],
+            [
+                counts.word_errors,
+                counts.words,
+                counts.char_errors,
+                counts.chars,
+                counts.utterances,
+                unreadable,
+            ],
             np.int64,
         )
     )
-    counts = ErrorCounts(*map(int, totals))
-    if counts.utterances != index.num_records:
+    counts, unreadable = ErrorCounts(*map(int, totals[:5])), int(totals[5])
+    if counts.utterances + unreadable != index.num_records:
         raise RuntimeError(
-            f"scored {counts.utterances} of {index.num_records} utterances of {split}; "
-            "evaluation must cover the whole split"
+            f"scored {counts.utterances} and skipped {unreadable} unreadable of "
+            f"{index.num_records} utterances of {split}; evaluation must cover the whole split"
         )
+    faults.CorruptBudget(index.num_records, inputs.max_corrupt_fraction(config), split).add(
+        0, unreadable, fault_log.by_shard
+    )
     return {
         "split": split,
         "decoding": decoding_method(config),
         "num_utts": counts.utterances,
+        "skipped_unreadable": unreadable,
         "wer": round(counts.wer, 5),
         "cer": round(counts.cer, 5),
         "words": counts.words,
@@ -215,9 +236,11 @@ def evaluate_workdir(
     step: int | None,
     method: str | None = None,
     beam: int | None = None,
+    max_corrupt_fraction: float | None = None,
 ) -> dict:
     """Restore RUN's checkpoint (latest unless `step`) and score a split; `method` and
-    `beam` override the run's config.decoding.
+    `beam` override the run's config.decoding, `max_corrupt_fraction` its
+    data.max_corrupt_fraction.
 
     Raises:
       UserError: not a run directory, no such checkpoint, a decoder the model has no
@@ -229,6 +252,8 @@ def evaluate_workdir(
             config.decoding.method = method
         if beam:
             config.decoding.beam = beam
+        if max_corrupt_fraction is not None:
+            config.data.max_corrupt_fraction = max_corrupt_fraction
         decoding_method(config)  # a method the model cannot run is an error before any work
         data_dir = data_dir or config.data.dir
         split = split or config.data.eval_split
@@ -254,7 +279,13 @@ def main(argv: list[str]) -> None:
 
     def job() -> None:
         result = evaluate_workdir(
-            FLAGS.workdir, FLAGS.data, FLAGS.split, FLAGS.step, FLAGS.method, FLAGS.beam
+            FLAGS.workdir,
+            FLAGS.data,
+            FLAGS.split,
+            FLAGS.step,
+            FLAGS.method,
+            FLAGS.beam,
+            FLAGS.max_corrupt_fraction,
         )
         for ex in result.pop("examples"):
             print(f"  ref: {ex['ref']}\n  hyp: {ex['hyp']}", file=sys.stderr)
@@ -273,5 +304,11 @@ if __name__ == "__main__":
         "method", None, list(DECODERS), "Decoder (default: the run's config.decoding.method)."
     )
     flags.DEFINE_integer("beam", None, "Beam size of ctc_beam / rnnt_beam (default: the run's).")
+    flags.DEFINE_float(
+        "max_corrupt_fraction",
+        None,
+        "Unreadable records of the split allowed, as a fraction; they are skipped and "
+        "counted (default: the run's data.max_corrupt_fraction).",
+    )
     logging.set_verbosity(logging.WARNING)  # keep Orbax's per-restore INFO lines off the console
     app.run(main, flags_parser=cli.parse_flags)

@@ -18,6 +18,7 @@ from ml_collections import ConfigDict
 
 from jaxspeech.audio import augment
 from jaxspeech.data import pipeline as pipeline_lib
+from jaxspeech.data import reader as reader_lib
 from jaxspeech.errors import UserError
 from jaxspeech.parallel import mesh as mesh_lib
 
@@ -92,6 +93,23 @@ def train_bucket_spec(config: ConfigDict, mesh: Mesh) -> pipeline_lib.BucketSpec
     )
 
 
+def retry_policy(config: ConfigDict) -> reader_lib.RetryPolicy:
+    """How the loaders retry transient read errors (`data.read_retries`, `read_backoff_s`)."""
+    d, default = config.data, reader_lib.DEFAULT_RETRY
+    try:
+        # .get: a run directory saved before these keys existed still evaluates.
+        return reader_lib.RetryPolicy(
+            int(d.get("read_retries", default.retries)), d.get("read_backoff_s", default.backoff_s)
+        )
+    except ValueError as e:
+        raise UserError(f"config.data: {e}") from e
+
+
+def max_corrupt_fraction(config: ConfigDict) -> float:
+    """data.max_corrupt_fraction (0.001 for runs saved before the key existed)."""
+    return float(config.data.get("max_corrupt_fraction", 0.001))
+
+
 def train_pipeline(
     config: ConfigDict, mesh: Mesh, tokenizer_dir: str
 ) -> tuple[pipeline_lib.Pipeline, augment.WaveformAugmenter | None]:
@@ -114,7 +132,8 @@ def train_pipeline(
             speeds=augmenter.cfg.speeds if augmenter else (1.0,),
             augment=augmenter,
             with_text=bool(config.monitor.log_batch_ids),
+            retry=retry_policy(config),
         )
-    except FileNotFoundError as e:
+    except (FileNotFoundError, reader_lib.ShardError) as e:
         raise UserError(str(e)) from e
     return pipe, augmenter

@@ -4,8 +4,11 @@ decoded samples and spectrograms, data-order audits and non-finite-step diagnost
 Files in the run directory:
 - RUN/events.jsonl: one JSON line per lifecycle event (process 0): started, resumed,
   initialized_from, checkpoint_saved, checkpoint_committed, checkpoint_corrupt,
-  nonfinite_skip, evaluated, preempted, stopped, finished. Tools and tests read these,
+  nonfinite_skip, records_skipped (unreadable records of a step, all processes),
+  corpus_damaged, evaluated, preempted, stopped, finished. Tools and tests read these,
   not the console.
+- RUN/data_faults/p<process>.jsonl: the unreadable records a process met
+  (`jaxspeech.faults`).
 - RUN/batch_ids/p<process>.jsonl: each step's utterance ids (monitor.log_batch_ids).
 - RUN/diagnostics/nonfinite-step<N>/: the last non-finite step, to replay it.
 """
@@ -129,7 +132,14 @@ def describe_compiled(compiled, shapes: dict, flops: float | None, sample_rate: 
 
 
 # Per-step values summed (not averaged) over a logging window.
-SUMMED = ("audio_seconds", "skipped_infeasible", "skipped_label_overflow", "nonfinite")
+SUMMED = (
+    "audio_seconds",
+    "skipped_infeasible",
+    "skipped_label_overflow",
+    "skipped_corrupt",
+    "nonfinite",
+    "read_retries",
+)
 
 
 def window_summary(
@@ -178,6 +188,8 @@ def window_summary(
         "train/audio_hours_per_s": audio_per_s / 3600,
         "train/skipped_infeasible": sums["skipped_infeasible"],
         "train/skipped_label_overflow": sums["skipped_label_overflow"],
+        "train/skipped_corrupt_records": sums["skipped_corrupt"],
+        "train/read_retries": sums["read_retries"],  # process 0's
         "train/skipped_nonfinite_steps": sums["nonfinite"],
         "perf/step_compute_ms": figures["step_ms"],
         "perf/data_wait_ms": figures["wait_ms"],
@@ -202,10 +214,10 @@ def progress_line(done: int, num_steps: int, f: dict[str, float]) -> str:
         + (f" | MFU {f['mfu']:.1%}" if f["mfu"] is not None else "")
         + f" | goodput {f['goodput']:.0%}"
     )
-    if f["skipped_infeasible"] or f["skipped_label_overflow"]:
+    if f["skipped_infeasible"] or f["skipped_label_overflow"] or f["skipped_corrupt"]:
         text += (
             f" | skipped {f['skipped_infeasible']:.0f} infeasible, "
-            f"{f['skipped_label_overflow']:.0f} too long"
+            f"{f['skipped_label_overflow']:.0f} too long, {f['skipped_corrupt']:.0f} unreadable"
         )
     if f["nonfinite"]:
         text += f" | {f['nonfinite']:.0f} non-finite steps skipped"

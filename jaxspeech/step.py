@@ -31,6 +31,7 @@ BATCH_RANKS = {
     "label_len": 1,
     "weight": 1,
     "label_overflow": 1,
+    "corrupt": 1,
 }
 
 
@@ -59,10 +60,10 @@ def model_losses(
 
     Returns (objective, sums): objective = sum over utterances of weight x loss;
     sums = {"tokens", "utterances", "skipped_infeasible", "skipped_label_overflow",
-    "loss_<part>" (summed like the objective)}. Sums, not means, so micro-batches add up
-    to exactly the full batch; the step divides by the batch's tokens. Utterances whose
-    loss is infeasible (CTC: more labels than frames allow) or not finite get weight 0
-    and are counted, never averaged in.
+    "skipped_corrupt", "loss_<part>" (summed like the objective)}. Sums, not means, so
+    micro-batches add up to exactly the full batch; the step divides by the batch's
+    tokens. Utterances whose loss is infeasible (CTC: more labels than frames allow) or
+    not finite get weight 0 and are counted, never averaged in.
     """
     enc, enc_len = model(batch["audio"], batch["audio_len"], train=True, rngs=nnx.Rngs(key))
     labels, label_len = batch["labels"], batch["label_len"]
@@ -97,6 +98,7 @@ def model_losses(
         "tokens": jnp.sum(w * label_len),
         "skipped_infeasible": jnp.sum(weight * (1.0 - valid)),
         "skipped_label_overflow": jnp.sum(batch["label_overflow"]).astype(jnp.float32),
+        "skipped_corrupt": jnp.sum(batch["corrupt"]).astype(jnp.float32),
     }
     for name, part in parts.items():
         sums[f"loss_{name}"] = jnp.sum(w * part)

@@ -23,10 +23,11 @@ from jax.sharding import NamedSharding, PartitionSpec
 from ml_collections import ConfigDict, config_flags
 
 from jaxspeech import checkpoint as ckpt_lib
-from jaxspeech import cli, inputs, monitor
+from jaxspeech import cli, faults, inputs, monitor
 from jaxspeech import evaluate as eval_lib
 from jaxspeech import state as state_lib
 from jaxspeech import step as step_lib
+from jaxspeech.data import pipeline as pipeline_lib
 from jaxspeech.data.tokenizer import Tokenizer
 from jaxspeech.errors import TrainingDiverged, UserError
 from jaxspeech.metrics import perf
@@ -84,6 +85,10 @@ class Trainer:
         if augmenter is not None:
             log(f"waveform augmentation (host): {augmenter.cfg}")
         self.train_iter = self.train_pipe.iterator()
+        self.faults = faults.TrainingFaults(
+            workdir, self.train_pipe.index, config.data.max_corrupt_fraction, self.events
+        )
+        self.eval_faults = faults.FaultLog(None, what=f"evaluating {config.data.eval_split}")
 
         # ---------------------------------------------------------- model & optimizer
         try:
@@ -199,6 +204,7 @@ class Trainer:
                     f"{config.seed}: resuming would change every random stream; use that seed "
                     "or a new --workdir"
                 )
+            self.faults.budget.load(self.ckpt.meta(start).get("data_faults"))
             seconds = time.time() - t0
             log(f"resumed from step {start} in {seconds:.1f}s")
             self.events.write("resumed", step=start, seconds=round(seconds, 3))
@@ -239,8 +245,8 @@ class Trainer:
         for step in range(start, stop):
             with self.goodput.phase("data"):
                 local = next(self.train_iter)
-                ids = local.pop("id", None)
-                local.pop("text", None)
+                host = pipeline_lib.pop_host_values(local)
+                ids = host.get("id")
                 audio_s = float(np.sum(local["audio_len"] * local["weight"])) / sr
                 batch = mesh_lib.host_to_global(self.mesh, local)
             if ids_log is not None:
@@ -253,10 +259,19 @@ class Trainer:
                 )
                 # Waiting here splits data wait from compute; the loader's threads and
                 # workers keep reading ahead meanwhile.
-                skipped = bool(metrics["nonfinite"])
+                nonfinite, corrupt = jax.device_get(
+                    (metrics["nonfinite"], metrics["skipped_corrupt"])
+                )
             done = step + 1
-            self.check_nonfinite(skipped, done, metrics, batch, local)
-            self.pending.append(metrics | {"audio_seconds": audio_s})
+            try:
+                self.faults.step(done, self.train_pipe.plan.epoch_of(step)[0], host, int(corrupt))
+            except faults.CorpusDamaged:
+                self.ckpt.wait()  # a save in flight completes: the run resumes after a fix
+                raise
+            self.check_nonfinite(bool(nonfinite), done, metrics, batch, local)
+            self.pending.append(
+                metrics | {"audio_seconds": audio_s, "read_retries": host["read_retries"]}
+            )
             self.window_flops += flops or 0.0
             if done % tr.log_every == 0 or done in (num_steps, stop):
                 self.log_window(done, step)
@@ -386,6 +401,8 @@ class Trainer:
             + ")"
             + (f"; {self.nonfinite_total} non-finite steps skipped" if self.nonfinite_total else "")
         )
+        if self.faults.summary():
+            print(self.faults.summary(), flush=True)
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, step: int) -> dict:
@@ -401,6 +418,7 @@ class Trainer:
                 data_dir=config.data.dir,
                 split=config.data.eval_split,
                 tokenizer_dir=self.tokenizer_dir,
+                fault_log=self.eval_faults,
             )
         eval_lib.write_result(self.workdir, result, step)
         split = result["split"]
@@ -409,7 +427,8 @@ class Trainer:
         )
         log(
             f"eval step {step}: {split} WER {result['wer']:.2%} CER {result['cer']:.2%} "
-            f"({result['num_utts']} utts, {result['eval_seconds']}s)"
+            f"({result['num_utts']} utts, {result['skipped_unreadable']} unreadable skipped, "
+            f"{result['eval_seconds']}s)"
         )
         for ex in result["examples"]:
             log(f"  ref: {ex['ref']}\n  hyp: {ex['hyp']}")
@@ -432,7 +451,11 @@ class Trainer:
                     "rng": jax.device_put(self.rng, replicated),
                 },
                 data_iter=self.train_iter,
-                meta={"config": json.loads(self.config.to_json_best_effort()), "reason": why},
+                meta={
+                    "config": json.loads(self.config.to_json_best_effort()),
+                    "reason": why,
+                    "data_faults": self.faults.budget.state(),
+                },
                 metrics={ckpt_lib.BEST_METRIC: eval_result["wer"]} if eval_result else None,
             )
         log(f"checkpoint {done} ({why}): saving in the background ({time.time() - t0:.1f}s)")
@@ -457,6 +480,7 @@ class Trainer:
         return {"preempted_at_step": done}
 
     def close(self) -> None:
+        self.faults.log.close()
         self.writer.close()
         self.ckpt.close()
         self.note_committed()

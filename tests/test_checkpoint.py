@@ -538,6 +538,7 @@ def test_train_step_skips_nonfinite_batch():
         "label_len": np.array([5, 4, 3, 2], np.int32),
         "weight": np.ones(b, np.float32),
         "label_overflow": np.zeros(b, np.int32),
+        "corrupt": np.zeros(b, np.int32),
     }
     bad = dict(batch, audio=batch["audio"].copy())
     bad["audio"][1, 100] = np.nan

@@ -55,7 +55,9 @@ def _window(steps):
         "audio_seconds": 30.0,
         "skipped_infeasible": 1.0,
         "skipped_label_overflow": 0.0,
+        "skipped_corrupt": 0.0,
         "nonfinite": 0.0,
+        "read_retries": 0,
     }
     return [base | {"loss": 2.0 + i} for i in range(steps)]
 
@@ -63,6 +65,7 @@ def _window(steps):
 def test_window_summary_against_hand_computed_figures():
     fetched = _window(4)
     fetched[3] = fetched[3] | {"nonfinite": 1.0, "loss": float("nan")}
+    fetched[1] = fetched[1] | {"skipped_corrupt": 2.0, "read_retries": 3}
     times = {"wall": 8.0, "compute": 4.0, "data": 2.0, "compile": 0.0}
     scalars, f = monitor.window_summary(
         fetched, times, flops=4e12, lr=1e-3, peak_flops=1e12, goodput=0.5
@@ -78,7 +81,9 @@ def test_window_summary_against_hand_computed_figures():
     assert scalars["perf/seconds_compute"] == 4.0 and "perf/seconds_wall" not in scalars
     line = monitor.progress_line(4, 8, f)
     assert "loss 3.000 (utt 50.0)" in line and "1 non-finite steps skipped" in line
-    assert "skipped 4 infeasible, 0 too long" in line and "MFU 12.5%" in line
+    assert "skipped 4 infeasible, 0 too long, 2 unreadable" in line and "MFU 12.5%" in line
+    assert scalars["train/skipped_corrupt_records"] == 2.0
+    assert scalars["train/read_retries"] == 3.0
 
 
 def test_window_summary_without_a_peak_has_no_mfu():

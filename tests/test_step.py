@@ -29,6 +29,7 @@ def test_step_flops_counts_every_layer_like_the_matmul_arithmetic():
         "label_len": jax.ShapeDtypeStruct((b,), jnp.int32),
         "weight": jax.ShapeDtypeStruct((b,), jnp.float32),
         "label_overflow": jax.ShapeDtypeStruct((b,), jnp.int32),
+        "corrupt": jax.ShapeDtypeStruct((b,), jnp.int32),
     }
     f2, f4 = (step_lib.step_flops(_flops_config(n), vocab, 0, shapes) for n in (2, 4))
     # Scanned or not, the count is the same: the count unrolls the layers itself.

@@ -9,6 +9,8 @@ import os
 import numpy as np
 import pytest
 
+from jaxspeech import step as step_lib
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _spec = importlib.util.spec_from_file_location(
     "train_step_benchmark", os.path.join(ROOT, "benchmarks", "train_step.py")
@@ -34,7 +36,7 @@ def test_make_batch_shapes_and_label_ranges():
     assert (b["labels"][valid] >= 1).all() and (b["labels"][valid] < bench.VOCAB).all()
     assert (b["labels"][~valid] == 0).all()
     assert (b["weight"] == 1).all() and (b["label_overflow"] == 0).all()
-    assert set(b) == {"audio", "audio_len", "labels", "label_len", "weight", "label_overflow"}
+    assert set(b) == set(step_lib.BATCH_RANKS)
     # Seeded: the same batch twice.
     np.testing.assert_array_equal(b["labels"], bench.make_batch(16, 8.0, label_width=80)["labels"])
 

@@ -10,7 +10,11 @@ stateless a restore resumes on exactly the next batch, in any number of worker p
 Batches (host-local, B = global batch / process count) are dicts of numpy arrays:
   audio (B, S) float32, audio_len (B,) int32, labels (B, U) int32,
   label_len (B,) int32, weight (B,) float32 (0 for padding or skipped rows),
-  label_overflow (B,) int32 (1 where the transcript was too long for the bucket).
+  label_overflow (B,) int32 (1 where the transcript was too long for the bucket),
+  corrupt (B,) int32 (1 where the record could not be read or decoded: a padding row),
+plus host-side values (`HOST_KEYS`, popped before the arrays go to devices): "faults", a
+list of {record, shard, index, error} for the corrupt rows, "read_retries", the reads tried
+again, and with_text: "text" and "id" lists.
 """
 
 from __future__ import annotations
@@ -23,10 +27,17 @@ from typing import NamedTuple
 import grain
 import numpy as np
 
+from jaxspeech.data import reader as reader_lib
 from jaxspeech.data import records
 from jaxspeech.data.tokenizer import Tokenizer, normalize_text
 
 PAD_INDEX = -1
+HOST_KEYS = ("faults", "read_retries", "text", "id")
+
+
+def pop_host_values(batch: dict) -> dict:
+    """Removes (and returns) a batch's host-side values; the arrays stay."""
+    return {k: batch.pop(k) for k in HOST_KEYS if k in batch}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -288,6 +299,7 @@ def empty_batch(rows: int, samples: int, max_labels: int) -> dict[str, np.ndarra
         "label_len": np.zeros((rows,), np.int32),
         "weight": np.zeros((rows,), np.float32),
         "label_overflow": np.zeros((rows,), np.int32),
+        "corrupt": np.zeros((rows,), np.int32),
     }
 
 
@@ -297,22 +309,29 @@ class LoadBatch:
 
     The augmentation of a row draws from ``default_rng([augment_seed, epoch, 4, record])``: the
     same for a record in an epoch however many workers load it and whenever it is resumed.
+    A record that cannot be read or decoded becomes a padding row marked ``corrupt`` and is
+    listed in the batch's "faults"; that depends only on the stored bytes, so the batch
+    shapes and the rest of the data stay what they would be.
     """
 
     def __init__(
         self,
         shard_paths: Sequence[str],
+        shard_num_records: Sequence[int],
         tokenizer_dir: str,
         spec: BucketSpec,
         with_text: bool = False,
         augment: Augment | None = None,
         augment_seed: int = 0,
         records_in_paths: np.ndarray | None = None,
+        retry: reader_lib.RetryPolicy = reader_lib.DEFAULT_RETRY,
+        open_fn: Callable | None = None,
     ):
         """Args:
-        shard_paths: the shards this process opens.
+        shard_paths: the shards this process opens; shard_num_records: their record counts.
         records_in_paths: the (ascending) global record indices those shards hold, in
           order; None when ``shard_paths`` is the whole split.
+        retry: how transient read errors are retried; open_fn: opens a shard (tests).
         """
         self.shard_paths = list(shard_paths)
         self.records_in_paths = records_in_paths
@@ -321,20 +340,16 @@ class LoadBatch:
         self.with_text = with_text
         self.augment = augment
         self.augment_seed = augment_seed
-        self._source = None
+        self.reader = reader_lib.RecordReader(
+            self.shard_paths, shard_num_records, retry, open_fn or reader_lib.open_shard
+        )
         self._tokenizer = None
 
     def __getstate__(self):
-        return {k: v for k, v in self.__dict__.items() if k not in ("_source", "_tokenizer")}
+        return {k: v for k, v in self.__dict__.items() if k != "_tokenizer"}
 
     def __setstate__(self, state):
-        self.__dict__.update(state, _source=None, _tokenizer=None)
-
-    @property
-    def source(self) -> grain.sources.ArrayRecordDataSource:
-        if self._source is None:
-            self._source = grain.sources.ArrayRecordDataSource(self.shard_paths)
-        return self._source
+        self.__dict__.update(state, _tokenizer=None)
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -342,18 +357,49 @@ class LoadBatch:
             self._tokenizer = Tokenizer.load(self.tokenizer_dir)
         return self._tokenizer
 
+    def read(self, indices: np.ndarray) -> tuple[list[dict | None], list[dict], int]:
+        """Decoded records of global `indices` (None where one is unusable), the faults
+        {record: global index, shard: path, index: inside the shard, error}, and the number
+        of reads tried again."""
+        local = indices
+        if self.records_in_paths is not None:
+            local = np.searchsorted(self.records_in_paths, indices)
+        raw, faults, retries = self.reader.read([int(i) for i in local])
+        bad = {f.position: f for f in faults}
+        out: list[dict | None] = []
+        reports = []
+        for record, position, data in zip(indices, local, raw):
+            error = bad[int(position)].error if data is None else None
+            rec = None
+            if data is not None:
+                try:
+                    rec = records.decode_record(data)
+                except ValueError as e:  # stored bytes that passed the checksum yet are no record
+                    error = str(e)
+            if rec is None:
+                shard, index = self.reader.locate(int(position))
+                reports.append(
+                    {
+                        "record": int(record),
+                        "shard": self.shard_paths[shard],
+                        "index": index,
+                        "error": error,
+                    }
+                )
+            out.append(rec)
+        return out, reports, retries
+
     def __call__(self, planned: PlannedBatch) -> dict:
         bucket, indices = planned.bucket, np.asarray(planned.indices)
         b, s, u = len(indices), self.spec.num_samples(bucket), self.spec.max_labels[bucket]
         out = empty_batch(b, s, u)
         texts, ids = [""] * b, [""] * b
         real = [i for i in range(b) if indices[i] != PAD_INDEX]
-        local = indices[real]
-        if self.records_in_paths is not None:
-            local = np.searchsorted(self.records_in_paths, local)
-        raw = self.source.__getitems__([int(i) for i in local]) if real else []
-        for row, data in zip(real, raw):
-            rec = records.decode_record(data)
+        recs, out["faults"], out["read_retries"] = self.read(indices[real]) if real else ([], [], 0)
+        for row, rec in zip(real, recs):
+            if rec is None:
+                out["corrupt"][row] = 1
+                continue
             audio = rec["audio"].astype(np.float32) / 32768.0
             if self.augment is not None:
                 # Tag 4: a stream apart from the plan's (seed, epoch, 1|2|3) ones.
@@ -440,6 +486,7 @@ def make_pipeline(
     speeds: Sequence[float] = (1.0,),
     augment: Augment | None = None,
     with_text: bool | None = None,
+    retry: reader_lib.RetryPolicy = reader_lib.DEFAULT_RETRY,
 ) -> Pipeline:
     """Pipeline over `data_dir/split` prepared by `python -m data_prep.prepare`.
 
@@ -448,7 +495,13 @@ def make_pipeline(
     no augmentation. The corpus is split into ``loader_shards`` (0: one per process; else
     a multiple of ``process_count``) by `owned_records`; each process serves a contiguous
     run of them and reads only their records. Batches carry "text" and "id" lists when
-    ``with_text`` (default: for evaluation only).
+    ``with_text`` (default: for evaluation only). ``retry``: transient read errors.
+
+    Raises:
+      FileNotFoundError: the split was never prepared.
+      reader.ShardError: a shard this process reads is missing, unreadable or holds
+        another number of records than the index says (checked here, before any work).
+      ValueError: settings that do not fit the split.
     """
     index = records.read_split_index(data_dir, split)
     if index.sample_rate != spec.sample_rate:
@@ -481,13 +534,20 @@ def make_pipeline(
     )
     by_file = len(index.shard_paths) >= num_shards
     files = sorted(f for q in mine for f in range(q, len(index.shard_paths), num_shards))
+    if not by_file:
+        files = list(range(len(index.shard_paths)))
+    paths = [index.shard_paths[f] for f in files]
+    counts = [index.shard_num_records[f] for f in files]
+    reader_lib.check_shards(paths, counts)
     load = LoadBatch(
-        [index.shard_paths[f] for f in files] if by_file else index.shard_paths,
+        paths,
+        counts,
         tokenizer_dir,
         spec,
         with_text=not train if with_text is None else with_text,
         augment=augment if train else None,
         augment_seed=seed,
         records_in_paths=np.sort(np.concatenate([owners[q] for q in mine])) if by_file else None,
+        retry=retry,
     )
     return Pipeline(plan, load, index, num_workers=num_workers, prefetch=prefetch)

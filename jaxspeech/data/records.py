@@ -281,9 +281,11 @@ def write_split_index(
 def read_split_index(data_dir: str, split: str) -> SplitIndex:
     """Reads ``data_dir/<split>/index.json`` and ``durations.npy``.
 
+    The shards themselves are not opened here (`jaxspeech.data.reader.check_shards` checks
+    the ones a process will read; `data_prep.verify` checks them all).
+
     Raises:
-      FileNotFoundError: the split was never prepared (the message says how to prepare it),
-        or a shard listed in the index is missing.
+      FileNotFoundError: the split was never prepared (the message says how to prepare it).
       ValueError: index and durations disagree.
     """
     split_dir = os.path.abspath(os.path.join(data_dir, split))
@@ -304,9 +306,6 @@ def read_split_index(data_dir: str, split: str) -> SplitIndex:
             f"{split_dir}: index lists {index['num_records']} records "
             f"({sum(shard_num_records)} in shards) but {DURATIONS_FILE} has {durations.size}"
         )
-    missing = [p for p in shard_paths if not os.path.isfile(p)]
-    if missing:
-        raise FileNotFoundError(f"{index_path} lists missing shard {missing[0]}")
     return SplitIndex(
         split=index.get("split", split),
         shard_paths=shard_paths,

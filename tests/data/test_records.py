@@ -181,11 +181,3 @@ def test_missing_split_says_how_to_prepare_it(tmp_path):
     message = str(info.value)
     assert str(tmp_path / "data" / "train" / "index.json") in message
     assert "python -m data_prep.prepare" in message
-
-
-def test_missing_shard_is_reported(tmp_path):
-    (tmp_path / "dev").mkdir()
-    shards = [{"path": "gone.array_record", "num_records": 1, "seconds": 1.0}]
-    records.write_split_index(str(tmp_path / "dev"), shards, np.ones(1), {"sample_rate": 16000})
-    with pytest.raises(FileNotFoundError, match="gone.array_record"):
-        records.read_split_index(str(tmp_path), "dev")

@@ -1,6 +1,7 @@
-"""benchmarks/chaos.py --quick: train through a SIGKILL at a step, a SIGTERM and a SIGKILL
-during an asynchronous save; the resumed run must end bit for bit where an uninterrupted
-one does, having read the same utterances at every step."""
+"""benchmarks/chaos.py --quick: train on a corpus with damaged records through a SIGKILL at
+a step, a SIGTERM and a SIGKILL during an asynchronous save; the resumed run must end bit
+for bit where an uninterrupted one does, having read the same utterances at every step and
+skipped the same unreadable records."""
 
 import importlib.util
 import json
@@ -37,6 +38,10 @@ def test_quick_chaos_resumes_exactly(corpus, tmp_path):
     assert r["model_vars_bitwise_equal"], r["model_vars_differ"]
     assert r["data_order_equal"], r["data_order_differs_at"]
     assert r["replays_identical"]
+    # The damaged records were met, skipped and reported alike in both runs, and at least
+    # one disruption came after a skip.
+    assert r["skipped_records"] >= 1 and len(r["faulty_records"]) >= 1, r["faulty_records"]
+    assert r["skips_equal"] and r["disrupted_after_a_skip"], r["skipped_at_steps"]
     events = r["events"]
     assert r["disruptions"] == len(events) == 3
     assert sorted(e["kind"] for e in events) == sorted(bench.KINDS)

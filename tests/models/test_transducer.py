@@ -90,6 +90,7 @@ def _batch():
         "label_len": jnp.array([6, 3, 0, 5]),
         "weight": jnp.array([1.0, 1.0, 1.0, 0.0]),  # the last row is padding
         "label_overflow": jnp.zeros(b, jnp.int32),
+        "corrupt": jnp.zeros(b, jnp.int32),
     }
 
 

@@ -25,6 +25,7 @@ def _batch(b=8, s=16000, u=6):
         "label_len": rng.integers(1, u + 1, b).astype(np.int32),
         "weight": np.array([1] * (b - 1) + [0], np.float32),
         "label_overflow": np.zeros(b, np.int32),
+        "corrupt": np.zeros(b, np.int32),
     }
 
 

@@ -1,0 +1,347 @@
+"""Checks prepared shards record by record, reports what is bad, and can repair a split.
+
+    python -m data_prep.verify DIR [--split S [--split S2 ...]] [--report PATH] [--repair]
+        [--runner DirectRunner] [other Beam options]
+
+For every shard of every split (default: every split under DIR): the file exists and opens,
+holds the record count `index.json` gives, and every record reads, decodes (header and
+audio), is at the index's sample rate and has the duration `durations.npy` gives. Shards
+are checked in parallel on Apache Beam, one shard per element (the DirectRunner on this
+machine's cores by default; any Beam runner for corpora of many machines' worth of shards).
+
+The report (default ``DIR/verify.json``) lists per split the bad shards (missing,
+unreadable, wrong record count) and bad records (shard, index, id when readable, error);
+the same is printed. Exit status: 0 when everything is good (or was repaired), 1 when
+something is bad, 2 for a command mistake.
+
+``--repair`` rewrites each shard that has bad records with its good ones, in their order,
+drops shards that cannot be opened at all (their records are lost: the report counts them),
+and rewrites ``index.json`` and ``durations.npy`` to match. Nothing is deleted: originals go
+to ``DIR/<split>/set_aside/<time>/``. Repairing changes the split's record numbering, so a
+training run on it resumes with another data order; runs started after the repair are
+unaffected. Normalization statistics (``stats.json``) are left as they were: a few records
+less do not move them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from typing import Any
+
+import apache_beam as beam
+import numpy as np
+
+from data_prep.prepare import pipeline_options
+from jaxspeech.data import reader as reader_lib
+from jaxspeech.data import records
+
+READ_BLOCK = 256  # records per read call: big enough to amortize, small enough for memory
+DURATION_TOLERANCE_S = 1e-3  # durations.npy holds float32 seconds
+SET_ASIDE = "set_aside"
+
+
+class VerifyError(Exception):
+    """A command mistake: no such directory or split."""
+
+
+# ---------------------------------------------------------------------------------------------
+# One shard
+# ---------------------------------------------------------------------------------------------
+
+
+def check_record(data: bytes, expected_duration: float | None, sample_rate: int) -> tuple[str, str]:
+    """(utterance id or "", problem or "") of one record's bytes; `expected_duration` None:
+    a record past the index's count, which has none to compare with."""
+    try:
+        rec = records.decode_record(data)
+    except ValueError as e:
+        try:
+            return records.decode_header(data)["id"], str(e)
+        except ValueError:
+            return "", str(e)
+    if rec["sample_rate"] != sample_rate:
+        return rec["id"], f"sample rate {rec['sample_rate']} Hz, the split is at {sample_rate} Hz"
+    actual = len(rec["audio"]) / rec["sample_rate"]
+    if expected_duration is not None and abs(actual - expected_duration) > DURATION_TOLERANCE_S:
+        return rec["id"], f"{actual:.3f} s of audio, the index says {expected_duration:.3f} s"
+    return rec["id"], ""
+
+
+def verify_shard(
+    path: str, expected: int, durations: list[float], sample_rate: int, retry=None
+) -> dict[str, Any]:
+    """Every record of one shard checked.
+
+    Args:
+      path: the shard file; expected: the records the index gives it; durations: theirs.
+
+    Returns:
+      {path, expected, found (None: cannot be opened), problem ("" or why the shard as a
+       whole is bad), bad_records: [{index, id, error}], good: indices of usable records}.
+    """
+    out = {"path": path, "expected": expected, "found": None, "problem": "", "bad_records": []}
+    out["good"] = []
+    if not os.path.isfile(path):
+        return out | {"problem": "missing"}
+    try:
+        handle = reader_lib.open_shard(path)
+        found = int(handle.num_records())
+        handle.close()
+    except Exception as e:  # noqa: BLE001 - any failure to open is the shard's problem
+        return out | {"problem": f"unreadable ({type(e).__name__}: {e})"}
+    out["found"] = found
+    if found != expected:
+        out["problem"] = f"holds {found} records, the index says {expected}"
+    reader = reader_lib.RecordReader([path], [found], retry or reader_lib.DEFAULT_RETRY)
+    for start in range(0, found, READ_BLOCK):
+        positions = list(range(start, min(found, start + READ_BLOCK)))
+        data, faults, _ = reader.read(positions)
+        errors = {f.position: f.error for f in faults}
+        for i, raw in zip(positions, data):
+            utt, error = "", errors.get(i, "")
+            if raw is not None:
+                duration = durations[i] if i < len(durations) else None
+                utt, error = check_record(raw, duration, sample_rate)
+            if error:
+                out["bad_records"].append({"index": i, "id": utt, "error": error})
+            else:
+                out["good"].append(i)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# A split, on Beam
+# ---------------------------------------------------------------------------------------------
+
+
+def split_names(data_dir: str, splits: list[str] | None) -> list[str]:
+    """The splits to check: the given ones (each must be prepared), else every one in DIR."""
+    if not os.path.isdir(data_dir):
+        raise VerifyError(f"{data_dir} is not a directory")
+    found = sorted(
+        d
+        for d in os.listdir(data_dir)
+        if os.path.isfile(os.path.join(data_dir, d, records.INDEX_FILE))
+    )
+    if not splits:
+        if not found:
+            raise VerifyError(f"{data_dir} holds no prepared split (no */{records.INDEX_FILE})")
+        return found
+    missing = [s for s in splits if s not in found]
+    if missing:
+        raise VerifyError(
+            f"{data_dir} has no prepared split {', '.join(missing)} (it has: "
+            f"{', '.join(found) or 'none'})"
+        )
+    return splits
+
+
+def _task(index: records.SplitIndex, shard: int) -> tuple[str, int, str, int, list[float], int]:
+    start = sum(index.shard_num_records[:shard])
+    n = index.shard_num_records[shard]
+    durations = [float(d) for d in index.durations[start : start + n]]
+    return (index.split, shard, index.shard_paths[shard], n, durations, index.sample_rate)
+
+
+def _verify_task(task: tuple) -> tuple[str, int, dict]:
+    split, shard, path, n, durations, sample_rate = task
+    return split, shard, verify_shard(path, n, durations, sample_rate)
+
+
+def run_checks(data_dir: str, splits: list[str], beam_args: list[str]) -> dict[str, list[dict]]:
+    """Every shard of `splits` verified on Beam; {split: [shard report, in index order]}."""
+    indexes = {s: records.read_split_index(data_dir, s) for s in splits}
+    tasks = [_task(ix, i) for ix in indexes.values() for i in range(len(ix.shard_paths))]
+    options, runner = pipeline_options(beam_args)
+    with tempfile.TemporaryDirectory() as tmp:
+        out_path = os.path.join(tmp, "reports.json")
+        with beam.Pipeline(runner=runner, options=options) as p:
+            _ = (
+                p
+                | "Shards" >> beam.Create(tasks)
+                | "Spread" >> beam.Reshuffle()  # one shard per worker at a time
+                | "Verify" >> beam.Map(_verify_task)
+                | "Collect" >> beam.combiners.ToList()
+                | "Write" >> beam.Map(_write_json, out_path)
+            )
+        with open(out_path) as f:
+            collected = json.load(f)
+    by_split: dict[str, list[dict]] = {s: [None] * len(ix.shard_paths) for s, ix in indexes.items()}
+    for split, shard, report in collected:
+        by_split[split][shard] = report
+    return by_split
+
+
+def _write_json(value: Any, path: str) -> None:
+    with open(path, "w") as f:
+        json.dump(value, f)
+
+
+def summarize(split: str, shards: list[dict]) -> dict[str, Any]:
+    """The report of one split: counts, and the bad shards with their bad records."""
+    bad = [s for s in shards if s["problem"] or s["bad_records"]]
+    unusable = sum(len(s["bad_records"]) if s["found"] is not None else s["expected"] for s in bad)
+    return {
+        "split": split,
+        "shards": len(shards),
+        "records": sum(s["expected"] for s in shards),
+        "bad_shards": len(bad),
+        "bad_records": unusable,
+        "problems": [
+            {k: s[k] for k in ("path", "expected", "found", "problem", "bad_records")} for s in bad
+        ],
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Repair
+# ---------------------------------------------------------------------------------------------
+
+
+def _rewrite_shard(path: str, found: int, good: list[int]) -> None:
+    """`path` rewritten with its records `good`, in order (through a temporary file)."""
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    reader = reader_lib.RecordReader([path], [found])
+    tmp = path + ".repairing"
+    writer = ArrayRecordWriter(tmp, "group_size:1")
+    for start in range(0, len(good), READ_BLOCK):
+        data, faults, _ = reader.read(good[start : start + READ_BLOCK])
+        if faults:  # read well a moment ago: the storage is failing now
+            writer.close()
+            os.remove(tmp)
+            raise OSError(f"{path}: record {faults[0].index} no longer reads: {faults[0].error}")
+        for record in data:
+            writer.write(record)
+    writer.close()
+    os.replace(tmp, path + ".repaired")
+
+
+def repair_split(data_dir: str, split: str, shards: list[dict]) -> dict[str, Any]:
+    """Rewrites the split without its bad records (see the module docstring).
+
+    Returns {set_aside: directory of the originals, rewritten: [shard], dropped: [shard],
+    records_removed: n}.
+    """
+    split_dir = os.path.join(data_dir, split)
+    with open(os.path.join(split_dir, records.INDEX_FILE)) as f:
+        raw_index = json.load(f)
+    durations = np.load(os.path.join(split_dir, records.DURATIONS_FILE))
+    aside = os.path.join(split_dir, SET_ASIDE, time.strftime("%Y%m%d-%H%M%S"))
+    os.makedirs(aside, exist_ok=True)
+    for name in (records.INDEX_FILE, records.DURATIONS_FILE):
+        shutil.copy2(os.path.join(split_dir, name), os.path.join(aside, name))
+    new_shards, new_durations, rewritten, dropped, start = [], [], [], [], 0
+    for entry, report in zip(raw_index["shards"], shards):
+        n, path = int(entry["num_records"]), report["path"]
+        mine = durations[start : start + n]
+        start += n
+        if not (report["problem"] or report["bad_records"]):
+            new_shards.append(entry)
+            new_durations.append(mine)
+            continue
+        if report["found"] is not None and report["good"]:
+            _rewrite_shard(path, report["found"], report["good"])
+        if os.path.exists(path):
+            shutil.move(path, os.path.join(aside, entry["path"]))
+        if report["found"] is None or not report["good"]:
+            dropped.append(entry["path"])
+            continue
+        os.replace(path + ".repaired", path)
+        rewritten.append(entry["path"])
+        kept = _kept_durations(path, len(report["good"]))
+        new_shards.append(
+            {"path": entry["path"], "num_records": len(kept), "seconds": float(kept.sum())}
+        )
+        new_durations.append(kept)
+    extra = {k: v for k, v in raw_index.items() if k not in ("num_records", "seconds", "shards")}
+    all_durations = np.concatenate(new_durations) if new_durations else np.zeros(0, np.float32)
+    records.write_split_index(split_dir, new_shards, all_durations, extra)
+    return {
+        "set_aside": aside,
+        "rewritten": rewritten,
+        "dropped": dropped,
+        "records_removed": int(durations.size - all_durations.size),
+    }
+
+
+def _kept_durations(path: str, n: int) -> np.ndarray:
+    """(n,) float32 seconds of a rewritten shard's records, from their headers."""
+    reader = reader_lib.RecordReader([path], [n])
+    data, _, _ = reader.read(list(range(n)))
+    return np.array([records.decode_header(d)["duration"] for d in data], np.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------------
+
+
+def format_split(summary: dict[str, Any], max_records: int = 10) -> str:
+    lines = [
+        f"{summary['split']}: {summary['shards']} shards, {summary['records']} records; "
+        f"{summary['bad_shards']} bad shards, {summary['bad_records']} unusable records"
+    ]
+    for s in summary["problems"]:
+        what = s["problem"] or f"{len(s['bad_records'])} bad records"
+        lines.append(f"  {s['path']}: {what}")
+        for r in s["bad_records"][:max_records]:
+            lines.append(f"    record {r['index']} {r['id'] or '(no id)'}: {r['error']}")
+        if len(s["bad_records"]) > max_records:
+            lines.append(f"    ... {len(s['bad_records']) - max_records} more in the report")
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser(
+        prog="python -m data_prep.verify", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("data_dir", help="a directory written by data_prep.prepare")
+    parser.add_argument("--split", action="append", help="a split to check (repeatable)")
+    parser.add_argument("--report", help="report file (default: DIR/verify.json)")
+    parser.add_argument("--repair", action="store_true", help="rewrite without bad records")
+    return parser.parse_known_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, beam_args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        splits = split_names(args.data_dir, args.split)
+    except VerifyError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    by_split = run_checks(args.data_dir, splits, beam_args)
+    report = {"data_dir": os.path.abspath(args.data_dir), "splits": {}}
+    status = 0
+    for split, shards in by_split.items():
+        summary = summarize(split, shards)
+        print(format_split(summary))
+        if summary["bad_shards"] and args.repair:
+            summary["repair"] = repair_split(args.data_dir, split, shards)
+            r = summary["repair"]
+            print(
+                f"  repaired: {len(r['rewritten'])} shards rewritten, {len(r['dropped'])} "
+                f"dropped, {r['records_removed']} records removed; originals in "
+                f"{r['set_aside']}"
+            )
+        elif summary["bad_shards"]:
+            status = 1
+        report["splits"][split] = summary
+    path = args.report or os.path.join(args.data_dir, "verify.json")
+    _write_json(report, path)
+    print(f"report: {path}")
+    return status
+
+
+if __name__ == "__main__":
+    # Run the copy imported under its real name: Beam workers unpickle functions by module
+    # path, and "__main__" in a worker is the worker itself.
+    from data_prep import verify as _verify
+
+    sys.exit(_verify.main())
