@@ -9,6 +9,7 @@ import os
 
 import pytest
 
+from jaxspeech import monitor
 from tests.e2e.cli import session_overrides
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -18,6 +19,14 @@ _spec = importlib.util.spec_from_file_location(
 bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)
 pytestmark = pytest.mark.slow
+
+
+def _around(events: list[dict], step: int) -> list[dict]:
+    """The save, commit and preemption events of the run that was preempted at `step`."""
+    i = next(i for i, x in enumerate(events) if x["event"] == "preempted" and x["step"] == step)
+    saved = [x for x in events[: i + 1] if x["event"] == "checkpoint_saved"][-1]
+    assert saved["reason"] == "preemption", saved
+    return [x for x in events[events.index(saved) : i + 1] if x["event"] != "records_skipped"]
 
 
 def test_quick_chaos_resumes_exactly(corpus, tmp_path):
@@ -43,6 +52,7 @@ def test_quick_chaos_resumes_exactly(corpus, tmp_path):
     assert r["skipped_records"] >= 1 and len(r["faulty_records"]) >= 1, r["faulty_records"]
     assert r["skips_equal"] and r["disrupted_after_a_skip"], r["skipped_at_steps"]
     events = r["events"]
+    chaos_events = monitor.read_events(str(tmp_path / "runs" / "chaos"))
     assert r["disruptions"] == len(events) == 3
     assert sorted(e["kind"] for e in events) == sorted(bench.KINDS)
     # At least one SIGKILL landed while Orbax was still writing: its temporary directory
@@ -57,6 +67,15 @@ def test_quick_chaos_resumes_exactly(corpus, tmp_path):
         assert e["steps_lost"] == e["last_step"] - e["resumed"] >= 0, e
         if e["kind"] == "sigterm_step":
             assert e["exit_code"] == 0 and e["steps_lost"] == 0 and e["seconds_lost"] == 0, e
+            # It finished the step in flight, saved it (reason "preemption"), waited for
+            # the commit and said so, then stopped.
+            step = e["preempted"]
+            assert step >= e["trigger_step"], e
+            assert [(x["event"], x["step"]) for x in _around(chaos_events, step)] == [
+                ("checkpoint_saved", step),
+                ("checkpoint_committed", step),
+                ("preempted", step),
+            ]
         else:
             assert e["exit_code"] == -9, e
         if e["kind"] == "sigkill_save":

@@ -11,6 +11,7 @@ import pytest
 
 from jaxspeech import evaluate, faults, inputs, monitor, train
 from jaxspeech.data import records
+from jaxspeech.errors import UserError
 from jaxspeech.parallel import rules
 from jaxspeech.state import mesh_from_config
 from tests.data import damage
@@ -83,3 +84,21 @@ def test_training_stops_past_the_corrupt_fraction_naming_the_shard(corpus, tmp_p
         "index": index,
         "error": "",
     }
+
+
+def test_a_missing_or_truncated_shard_stops_training_before_any_work(corpus, tmp_path):
+    _, shards = corpus
+    data = tmp_path / "data"
+    shutil.copytree(shards, data)
+    index = records.read_split_index(str(data), "train")
+    for path in index.shard_paths:  # the tiny corpus has one train shard: cut it, then lose it
+        damage.truncate(path)
+    workdir = tmp_path / "run"
+    config = tiny_config(str(data))
+    with pytest.raises(UserError, match="unreadable") as e:
+        train.train_and_evaluate(config, str(workdir))
+    assert index.shard_paths[0] in str(e.value) and "data_prep.verify" in str(e.value)
+    os.remove(index.shard_paths[0])
+    with pytest.raises(UserError, match=f"{index.shard_paths[0]}: missing"):
+        train.train_and_evaluate(config, str(workdir))
+    assert not (workdir / "checkpoints").exists()  # nothing was compiled or saved
