@@ -205,6 +205,17 @@ def evaluate_split(
     }
 
 
+def describe_result(result: dict, step: int) -> str:
+    """The console lines of an evaluation: scores, counts, and the example hypotheses."""
+    lines = [
+        f"eval step {step}: {result['split']} WER {result['wer']:.2%} CER {result['cer']:.2%} "
+        f"({result['num_utts']} utts, {result['skipped_unreadable']} unreadable skipped, "
+        f"{result['eval_seconds']}s)"
+    ]
+    lines += [f"  ref: {ex['ref']}\n  hyp: {ex['hyp']}" for ex in result["examples"]]
+    return "\n".join(lines)
+
+
 def write_result(workdir: str, result: dict, step: int, tag: str = "") -> str:
     """Write RUN/eval/<split>-step<N><tag>.json (process 0) and return its path."""
     path = os.path.join(workdir, "eval", f"{result['split']}-step{step}{tag}.json")

@@ -425,13 +425,7 @@ class Trainer:
         self.writer.scalars(
             step, {f"eval/{split}/wer": result["wer"], f"eval/{split}/cer": result["cer"]}
         )
-        log(
-            f"eval step {step}: {split} WER {result['wer']:.2%} CER {result['cer']:.2%} "
-            f"({result['num_utts']} utts, {result['skipped_unreadable']} unreadable skipped, "
-            f"{result['eval_seconds']}s)"
-        )
-        for ex in result["examples"]:
-            log(f"  ref: {ex['ref']}\n  hyp: {ex['hyp']}")
+        log(eval_lib.describe_result(result, step))
         self.events.write("evaluated", step=step, split=split, wer=result["wer"], cer=result["cer"])
         return result
 
