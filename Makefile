@@ -54,7 +54,7 @@ demo: $(DEMO_DATA)/shards/.done
 	$(PY) -m jaxspeech.evaluate --workdir $(DEMO_RUN) --data $(DEMO_DATA)/shards --split test
 
 test: $(VENV)/.installed-dev
-	$(PY) -m pytest -q --durations=20 tests
+	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=20 tests
 
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
