@@ -509,8 +509,13 @@ def faulty_records(workdir: str) -> list[tuple[str, int]]:
     path = os.path.join(workdir, "data_faults", "p0.jsonl")
     if not os.path.exists(path):
         return []
+    rows = []
     with open(path, encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f if line.endswith("\n")]
+        for line in f:
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:  # a line cut by a SIGKILL
+                continue
     return sorted({(os.path.basename(r["shard"]), r["index"]) for r in rows})
 
 

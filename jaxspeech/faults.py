@@ -19,6 +19,7 @@ import os
 
 import jax
 
+from jaxspeech import monitor
 from jaxspeech.data.records import SplitIndex
 from jaxspeech.errors import UserError
 
@@ -30,7 +31,7 @@ class CorpusDamaged(UserError):
 
 
 def worst_shards(by_shard: dict[str, int], n: int = 5) -> str:
-    """ "path (k records), ..." of the `n` shards with the most faults."""
+    """The `n` shards with the most faults, as "path (k bad), ..."."""
     top = sorted(by_shard.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
     return ", ".join(f"{path} ({k} bad)" for path, k in top)
 
@@ -46,7 +47,7 @@ class FaultLog:
         if workdir is not None:
             os.makedirs(os.path.join(workdir, FAULTS_DIR), exist_ok=True)
             path = os.path.join(workdir, FAULTS_DIR, f"p{jax.process_index()}.jsonl")
-            self._f = open(path, "a", encoding="utf-8", buffering=1)
+            self._f = monitor.open_for_append(path)  # a line cut by a kill stays apart
 
     def add(self, faults: list[dict], step: int | None = None) -> list[dict]:
         """Notes a batch's faults; returns (and prints, from whichever process met them)

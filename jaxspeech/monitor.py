@@ -40,7 +40,7 @@ def log(msg: str) -> None:
 
 
 # ---------------------------------------------------------------- lifecycle events
-def _open_for_append(path: str):
+def open_for_append(path: str):
     """A JSON-lines file opened for line-buffered appends; a last line cut short by a kill
     is ended first, so it stays one unreadable record instead of spoiling the next one."""
     if os.path.exists(path) and os.path.getsize(path):
@@ -74,7 +74,7 @@ class EventLog:
         self._f = None
         if jax.process_index() == 0:
             os.makedirs(workdir, exist_ok=True)
-            self._f = _open_for_append(os.path.join(workdir, EVENTS))
+            self._f = open_for_append(os.path.join(workdir, EVENTS))
 
     def write(self, event: str, **fields) -> None:
         if self._f is not None:
@@ -103,7 +103,7 @@ class BatchIdLog:
     def __init__(self, workdir: str):
         os.makedirs(os.path.join(workdir, "batch_ids"), exist_ok=True)
         path = os.path.join(workdir, "batch_ids", f"p{jax.process_index()}.jsonl")
-        self._f = _open_for_append(path)
+        self._f = open_for_append(path)
 
     def write(self, step: int, ids: list[str]) -> None:
         self._f.write(json.dumps({"step": step, "ids": list(ids)}) + "\n")

@@ -325,13 +325,12 @@ class LoadBatch:
         augment_seed: int = 0,
         records_in_paths: np.ndarray | None = None,
         retry: reader_lib.RetryPolicy = reader_lib.DEFAULT_RETRY,
-        open_fn: Callable | None = None,
     ):
         """Args:
         shard_paths: the shards this process opens; shard_num_records: their record counts.
         records_in_paths: the (ascending) global record indices those shards hold, in
           order; None when ``shard_paths`` is the whole split.
-        retry: how transient read errors are retried; open_fn: opens a shard (tests).
+        retry: how transient read errors are retried.
         """
         self.shard_paths = list(shard_paths)
         self.records_in_paths = records_in_paths
@@ -340,9 +339,7 @@ class LoadBatch:
         self.with_text = with_text
         self.augment = augment
         self.augment_seed = augment_seed
-        self.reader = reader_lib.RecordReader(
-            self.shard_paths, shard_num_records, retry, open_fn or reader_lib.open_shard
-        )
+        self.reader = reader_lib.RecordReader(self.shard_paths, shard_num_records, retry)
         self._tokenizer = None
 
     def __getstate__(self):
