@@ -83,7 +83,8 @@ def verify_shard(
 
     Returns:
       {path, expected, found (None: cannot be opened), problem ("" or why the shard as a
-       whole is bad), bad_records: [{index, id, error}], good: indices of usable records}.
+       whole is bad), bad_records: [{index, id, error}], good: indices of the
+       usable records when the shard has bad ones (empty for a clean shard)}.
     """
     out = {"path": path, "expected": expected, "found": None, "problem": "", "bad_records": []}
     out["good"] = []
@@ -112,6 +113,8 @@ def verify_shard(
                 out["bad_records"].append({"index": i, "id": utt, "error": error})
             else:
                 out["good"].append(i)
+    if not (out["problem"] or out["bad_records"]):
+        out["good"] = []  # a clean shard is kept whole: no need to carry its record list
     return out
 
 
@@ -142,11 +145,21 @@ def split_names(data_dir: str, splits: list[str] | None) -> list[str]:
     return splits
 
 
-def _task(index: records.SplitIndex, shard: int) -> tuple[str, int, str, int, list[float], int]:
-    start = sum(index.shard_num_records[:shard])
-    n = index.shard_num_records[shard]
-    durations = [float(d) for d in index.durations[start : start + n]]
-    return (index.split, shard, index.shard_paths[shard], n, durations, index.sample_rate)
+def _tasks(index: records.SplitIndex) -> list[tuple[str, int, str, int, list[float], int]]:
+    """One Beam element per shard: (split, shard number, path, records, their durations,
+    sample rate)."""
+    starts = np.concatenate([[0], np.cumsum(index.shard_num_records)])
+    return [
+        (
+            index.split,
+            i,
+            path,
+            n,
+            index.durations[starts[i] : starts[i] + n].tolist(),
+            index.sample_rate,
+        )
+        for i, (path, n) in enumerate(zip(index.shard_paths, index.shard_num_records))
+    ]
 
 
 def _verify_task(task: tuple) -> tuple[str, int, dict]:
@@ -157,7 +170,7 @@ def _verify_task(task: tuple) -> tuple[str, int, dict]:
 def run_checks(data_dir: str, splits: list[str], beam_args: list[str]) -> dict[str, list[dict]]:
     """Every shard of `splits` verified on Beam; {split: [shard report, in index order]}."""
     indexes = {s: records.read_split_index(data_dir, s) for s in splits}
-    tasks = [_task(ix, i) for ix in indexes.values() for i in range(len(ix.shard_paths))]
+    tasks = [task for ix in indexes.values() for task in _tasks(ix)]
     options, runner = pipeline_options(beam_args)
     with tempfile.TemporaryDirectory() as tmp:
         out_path = os.path.join(tmp, "reports.json")
