@@ -86,19 +86,11 @@ def verify_shard(
        whole is bad), bad_records: [{index, id, error}], good: indices of the
        usable records when the shard has bad ones (empty for a clean shard)}.
     """
-    out = {"path": path, "expected": expected, "found": None, "problem": "", "bad_records": []}
-    out["good"] = []
-    if not os.path.isfile(path):
-        return out | {"problem": "missing"}
-    try:
-        handle = reader_lib.open_shard(path)
-        found = int(handle.num_records())
-        handle.close()
-    except Exception as e:  # noqa: BLE001 - any failure to open is the shard's problem
-        return out | {"problem": f"unreadable ({type(e).__name__}: {e})"}
-    out["found"] = found
-    if found != expected:
-        out["problem"] = f"holds {found} records, the index says {expected}"
+    found, problem = reader_lib.shard_status(path, expected)
+    out = {"path": path, "expected": expected, "found": found, "problem": problem}
+    out |= {"bad_records": [], "good": []}
+    if found is None:
+        return out
     reader = reader_lib.RecordReader([path], [found], retry or reader_lib.DEFAULT_RETRY)
     for start in range(0, found, READ_BLOCK):
         positions = list(range(start, min(found, start + READ_BLOCK)))
@@ -217,13 +209,14 @@ def summarize(split: str, shards: list[dict]) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------
 
 
-def _rewrite_shard(path: str, found: int, good: list[int]) -> None:
-    """`path` rewritten with its records `good`, in order (through a temporary file)."""
+def _rewrite_shard(path: str, found: int, good: list[int]) -> np.ndarray:
+    """`path` rewritten with its records `good`, in order (through a temporary file);
+    returns their (len(good),) float32 durations, from their headers."""
     from array_record.python.array_record_module import ArrayRecordWriter
 
     reader = reader_lib.RecordReader([path], [found])
     tmp = path + ".repairing"
-    writer = ArrayRecordWriter(tmp, "group_size:1")
+    writer, durations = ArrayRecordWriter(tmp, "group_size:1"), []
     for start in range(0, len(good), READ_BLOCK):
         data, faults, _ = reader.read(good[start : start + READ_BLOCK])
         if faults:  # read well a moment ago: the storage is failing now
@@ -232,8 +225,10 @@ def _rewrite_shard(path: str, found: int, good: list[int]) -> None:
             raise OSError(f"{path}: record {faults[0].index} no longer reads: {faults[0].error}")
         for record in data:
             writer.write(record)
+            durations.append(records.decode_header(record)["duration"])
     writer.close()
     os.replace(tmp, path + ".repaired")
+    return np.array(durations, np.float32)
 
 
 def repair_split(data_dir: str, split: str, shards: list[dict]) -> dict[str, Any]:
@@ -259,16 +254,15 @@ def repair_split(data_dir: str, split: str, shards: list[dict]) -> dict[str, Any
             new_shards.append(entry)
             new_durations.append(mine)
             continue
-        if report["found"] is not None and report["good"]:
-            _rewrite_shard(path, report["found"], report["good"])
+        usable = report["found"] is not None and bool(report["good"])
+        kept = _rewrite_shard(path, report["found"], report["good"]) if usable else None
         if os.path.exists(path):
             shutil.move(path, os.path.join(aside, entry["path"]))
-        if report["found"] is None or not report["good"]:
+        if kept is None:
             dropped.append(entry["path"])
             continue
         os.replace(path + ".repaired", path)
         rewritten.append(entry["path"])
-        kept = _kept_durations(path, len(report["good"]))
         new_shards.append(
             {"path": entry["path"], "num_records": len(kept), "seconds": float(kept.sum())}
         )
@@ -282,13 +276,6 @@ def repair_split(data_dir: str, split: str, shards: list[dict]) -> dict[str, Any
         "dropped": dropped,
         "records_removed": int(durations.size - all_durations.size),
     }
-
-
-def _kept_durations(path: str, n: int) -> np.ndarray:
-    """(n,) float32 seconds of a rewritten shard's records, from their headers."""
-    reader = reader_lib.RecordReader([path], [n])
-    data, _, _ = reader.read(list(range(n)))
-    return np.array([records.decode_header(d)["duration"] for d in data], np.float32)
 
 
 # ---------------------------------------------------------------------------------------------

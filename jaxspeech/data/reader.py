@@ -75,28 +75,26 @@ def open_shard(path: str) -> Any:
     return ArrayRecordReader(path, options="readahead_buffer_size:0", file_reader_buffer_size=32768)
 
 
-def shard_problem(path: str, expected: int, open_fn: Callable[[str], Any] = open_shard) -> str:
-    """Why `path` cannot serve `expected` records ("" when it can): missing, unreadable
-    (its message), or another record count."""
+def shard_status(path: str, expected: int) -> tuple[int | None, str]:
+    """(records the file holds, None when it cannot be opened; why it cannot serve
+    `expected` records: "missing", "unreadable (...)", "holds N records, ...", or "")."""
     if not os.path.isfile(path):
-        return "missing"
+        return None, "missing"
     try:
-        reader = open_fn(path)
+        reader = open_shard(path)
         found = int(reader.num_records())
         reader.close()
     except Exception as e:  # noqa: BLE001 - any failure to open is the shard's problem
-        return f"unreadable ({type(e).__name__}: {e})"
+        return None, f"unreadable ({type(e).__name__}: {e})"
     if found != expected:
-        return f"holds {found} records, the index says {expected}"
-    return ""
+        return found, f"holds {found} records, the index says {expected}"
+    return found, ""
 
 
-def check_shards(
-    paths: Sequence[str], counts: Sequence[int], open_fn: Callable[[str], Any] = open_shard
-) -> None:
+def check_shards(paths: Sequence[str], counts: Sequence[int]) -> None:
     """Raises ShardError naming every shard of `paths` that cannot serve its `counts`
     records (missing, unreadable, or another record count)."""
-    bad = [(p, why) for p, n in zip(paths, counts) if (why := shard_problem(p, n, open_fn))]
+    bad = [(p, why) for p, n in zip(paths, counts) if (why := shard_status(p, n)[1])]
     if bad:
         lines = "\n".join(f"  {p}: {why}" for p, why in bad)
         raise ShardError(
