@@ -1,8 +1,9 @@
 """Train step of the Conformer S and M transducers: step time, audio seconds/s and MFU.
 
 `python benchmarks/train_step.py [--quick] [--models S,M] [--dtype float32|bfloat16]
-[--batch B] [--seconds S] [--repeats N] [--peak_tflops X] [--out PATH]` prints a table and
-writes `benchmarks/results/train_step.json`.
+[--batch B] [--seconds S] [--repeats N] [--peak_tflops X] [--set KEY=VALUE ...] [--out PATH]`
+prints a table and writes `benchmarks/results/train_step.json`. `--set` changes a config
+entry of every model (e.g. `--set model.head=ctc` times the step without the transducer).
 
 What runs: for each model, the real training step of `configs/conformer.py:<size>` as
 the trainer builds it from `jaxspeech.state` and `jaxspeech.step`: its head (ctc+rnnt: the
@@ -85,6 +86,7 @@ from jaxspeech.metrics import perf
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 VOCAB = 500  # BPE-500, as configs/conformer.py expects
+PROFILE_ENV = "TRAIN_STEP_PROFILE_DIR"  # --profile, handed to the workers
 BLANK_ID = 0  # jaxspeech.data.tokenizer: id 0 is always the blank
 SAMPLE_RATE = 16000
 TOKENS_PER_SECOND = (3.0, 5.0)  # uniform per utterance: 4 tokens/s on average
@@ -271,7 +273,34 @@ def probe(measure_matmul: bool) -> dict:
     return out
 
 
-def measure_model(size: str, dtype: str, batch: int, seconds: float, repeats: int) -> dict:
+def apply_overrides(config, overrides: list[str]) -> None:
+    """Sets `KEY=VALUE` entries (dotted keys of an existing config entry; VALUE a Python
+    literal, else a string) in place: an unknown key or a value of another type is an error."""
+    import ast
+
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--set {item!r}: expected KEY=VALUE")
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            value = text
+        *parents, leaf = key.split(".")
+        node = config
+        for name in parents:
+            node = node.get(name) if hasattr(node, "get") else None
+        if node is None or not hasattr(node, "get") or leaf not in node:
+            raise SystemExit(f"--set {item!r}: the config has no entry {key!r}")
+        try:
+            setattr(node, leaf, value)
+        except TypeError as e:
+            raise SystemExit(f"--set {item!r}: {e}") from e
+
+
+def measure_model(
+    size: str, dtype: str, batch: int, seconds: float, repeats: int, overrides: list[str] = ()
+) -> dict:
     """Builds, compiles and times the train step of configs/conformer.py:<size>."""
     from configs import conformer
     from jaxspeech import state as state_lib
@@ -279,6 +308,7 @@ def measure_model(size: str, dtype: str, batch: int, seconds: float, repeats: in
 
     config = conformer.get_config(size)
     config.model.dtype = dtype
+    apply_overrides(config, list(overrides))
     config.mesh.replica, config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 1, -1, 1, 1
     with rules.axis_rules(state_lib.rules_from_config(config)):  # the train loop's table
         return _measure(config, size, dtype, batch, seconds, repeats)
@@ -344,6 +374,15 @@ def _measure(config, size: str, dtype: str, batch: int, seconds: float, repeats:
             params, opt_state, metrics = exe(params, model_vars, opt_state, batch_arrays, step)
             metrics["loss"].block_until_ready()
             times.append(time.perf_counter() - t0)
+        profile_dir = os.environ.get(PROFILE_ENV)
+        if profile_dir:  # a device trace of 3 more steps, after the timing
+            where = os.path.join(profile_dir, f"{size}-{config.model.dtype}")
+            with jax.profiler.trace(where, create_perfetto_trace=True):
+                for step in range(len(steps), len(steps) + 3):
+                    params, opt_state, metrics = exe(
+                        params, model_vars, opt_state, batch_arrays, jnp.int32(step)
+                    )
+                metrics["loss"].block_until_ready()
     except Exception as e:  # XLA's out-of-memory errors are runtime errors with this text
         if "RESOURCE_EXHAUSTED" not in str(e) and "out of memory" not in str(e).lower():
             raise
@@ -462,6 +501,7 @@ def run(args: argparse.Namespace) -> dict:
         while True:
             row = run_worker(
                 [f"{size}:{dtype}", str(batch), str(plan["seconds"]), str(plan["repeats"])]
+                + args.set
             )
             if not row.get("does_not_fit"):
                 break
@@ -513,6 +553,7 @@ def run(args: argparse.Namespace) -> dict:
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "load_avg_1m_at_start": load_at_start,
         "quick": args.quick,
+        "overrides": args.set,
         "vocab": VOCAB,
         "tokens_per_second": list(TOKENS_PER_SECOND),
         "peak_source": "; ".join(sorted(sources)),
@@ -563,6 +604,19 @@ def main(argv: list[str] | None = None) -> dict | None:
     ap.add_argument(
         "--peak_tflops", type=float, default=0.0, help="peak TFLOP/s of one device (override)"
     )
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config entry of every model (repeatable), e.g. model.head=ctc",
+    )
+    ap.add_argument(
+        "--profile",
+        default="",
+        metavar="DIR",
+        help="also trace 3 steps per model with jax.profiler (Perfetto JSON) under DIR/<model>",
+    )
     ap.add_argument("--out", default=os.path.join(RESULTS, "train_step.json"))
     ap.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -572,7 +626,8 @@ def main(argv: list[str] | None = None) -> dict | None:
         else:
             size, dtype = args.worker[0].split(":")
             b, s, n = args.worker[1:4]
-            print(json.dumps(measure_model(size, dtype, int(b), float(s), int(n))))
+            row = measure_model(size, dtype, int(b), float(s), int(n), args.worker[4:])
+            print(json.dumps(row))
         return None
     if args.models:
         from configs import conformer
@@ -580,6 +635,8 @@ def main(argv: list[str] | None = None) -> dict | None:
         unknown = [m for m in args.models.upper().split(",") if m not in conformer.SIZES]
         if unknown:
             ap.error(f"unknown models {unknown}; choose from {list(conformer.SIZES)}")
+    if args.profile:
+        os.environ[PROFILE_ENV] = os.path.abspath(args.profile)  # read by the workers
     return run(args)
 
 

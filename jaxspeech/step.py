@@ -242,6 +242,12 @@ def step_flops(config: ConfigDict, vocab_size: int, blank_id: int, batch_shapes:
     tx, _ = optim.make_optimizer(c.optim, int(c.train.num_steps))
     opt_state = jax.eval_shape(tx.init, params)
     step = make_train_step(graphdef, tx, 0, blank_id, c.loss)
-    cost = jax.jit(step).lower(params, model_vars, opt_state, batch_shapes, jnp.int32(0))
-    analysis = cost.cost_analysis()
-    return float((analysis or {}).get("flops", 0.0))
+    # Lowered for the host's CPU backend whatever the run's devices: GPU plugins (PJRT C
+    # API) do not implement a lowered program's cost analysis (jax returns None there), and
+    # model FLOPs are the program's, not the device's.
+    with jax.default_device(jax.devices("cpu")[0]):
+        lowered = jax.jit(step).lower(params, model_vars, opt_state, batch_shapes, jnp.int32(0))
+        analysis = lowered.cost_analysis()
+    if not analysis or "flops" not in analysis:
+        raise RuntimeError(f"XLA's cost analysis gave no FLOP count: {analysis!r}")
+    return float(analysis["flops"])

@@ -334,9 +334,12 @@ class Trainer:
                 exe = lowered.compile()
                 flops = None
                 if config.monitor.count_flops:
-                    flops = step_lib.step_flops(
-                        config, self.tokenizer.vocab_size, self.tokenizer.blank_id, shapes
-                    )
+                    try:
+                        flops = step_lib.step_flops(
+                            config, self.tokenizer.vocab_size, self.tokenizer.blank_id, shapes
+                        )
+                    except RuntimeError as e:  # a metric, never a reason to stop training
+                        log(f"no MFU for batch shape {key}: {e}")
                 self.compiled[key] = (exe, flops)
                 log(monitor.describe_compiled(exe, shapes, flops, config.features.sample_rate))
         return self.compiled[key]

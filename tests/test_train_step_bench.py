@@ -171,9 +171,13 @@ def test_driver_halves_a_default_batch_that_does_not_fit(monkeypatch, tmp_path, 
         seconds=None,
         repeats=None,
         peak_tflops=0.0,
+        set=["model.head=ctc"],
         out=str(out),
     )
     result = bench.run(args)
+    # --set reaches every model's worker and the JSON.
+    assert all(c[4:] == ["model.head=ctc"] for c in calls[1:])
+    assert result["overrides"] == ["model.head=ctc"]
     assert [c[:2] for c in calls[1:]] == [
         ["S:bfloat16", "64"],
         ["M:bfloat16", "64"],
@@ -197,3 +201,72 @@ def test_driver_halves_a_default_batch_that_does_not_fit(monkeypatch, tmp_path, 
     result = bench.run(argparse.Namespace(**(vars(args) | {"batch": 64})))
     assert [r["model"] for r in result["rows"]] == ["S", "M"]
     assert "fit in device memory" in result["goal"]
+
+
+def test_set_overrides_change_existing_entries_and_reject_unknown_ones():
+    from configs import conformer
+
+    config = conformer.get_config("S")
+    bench.apply_overrides(
+        config, ["model.head=ctc", "model.conformer.dropout=0.0", "train.num_steps=7"]
+    )
+    assert config.model.head == "ctc"  # not a Python literal: kept as a string
+    assert config.model.conformer.dropout == 0.0 and config.train.num_steps == 7
+    for bad, says in [
+        ("model.conformer.no_such_key=1", "no entry"),
+        ("model.nothing.dropout=1", "no entry"),
+        ("model.head", "KEY=VALUE"),
+        ("train.num_steps='many'", "train.num_steps"),  # ConfigDict's type check
+    ]:
+        with pytest.raises(SystemExit, match=says):
+            bench.apply_overrides(config, [bad])
+
+
+def _load_kernel_profile():
+    spec = importlib.util.spec_from_file_location(
+        "kernel_profile", os.path.join(ROOT, "benchmarks", "kernel_profile.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_kernel_profile_sums_one_modules_device_kernels_per_step(tmp_path):
+    import gzip
+
+    kp = _load_kernel_profile()
+    meta = [
+        {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/device:GPU:0"}},
+        {"ph": "M", "name": "process_name", "pid": 7, "args": {"name": "/host:CPU"}},
+    ]
+
+    def kernel(name, ts, dur, pid=1, module="jit_train_step"):
+        return {"ph": "X", "pid": pid, "tid": 1, "name": name, "ts": ts, "dur": dur,
+                "args": {"hlo_module": module}}  # fmt: skip
+
+    events = meta + [
+        kernel("gemm_fusion_dot_3", 0.0, 100.0),
+        kernel("loop_add_fusion_1", 100.0, 2.0),
+        kernel("loop_add_fusion_22", 110.0, 4.0),
+        kernel("nvjet_sm90_tst_128x160", 120.0, 50.0),
+        kernel("copy.1", 180.0, 20.0),  # ends at 200 us: the span
+        kernel("gemm_fusion_dot_3", 0.0, 999.0, pid=7),  # a host event: not device time
+        kernel("gemm_fusion_dot_3", 0.0, 999.0, module="jit_other"),  # another program
+    ]
+    path = tmp_path / "trace.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    out = tmp_path / "summary.json"
+    s = kp.main([str(path), "--steps", "2", "--top", "3", "--out", str(out)])
+    assert json.loads(out.read_text())["busy_ms"] == s["busy_ms"]
+    # Per step of 2: busy (100 + 2 + 4 + 50 + 20) / 2 us, span 200 / 2 us.
+    assert s["busy_ms"] == pytest.approx(0.088) and s["span_ms"] == pytest.approx(0.1)
+    assert s["kernels_per_step"] == 2.5 and s["short_kernels_per_step"] == 1.0
+    assert s["short_kernel_ms"] == pytest.approx(0.003)
+    assert s["matmul_ms"] == pytest.approx(0.075)
+    assert s["matmul_share_of_busy"] == pytest.approx(150 / 176)
+    assert [r["kernel"] for r in s["top"]] == ["gemm_fusion_dot", "nvjet_sm90_tst_128x160", "copy"]
+    assert s["top"][0]["calls"] == 0.5
+    # A trace without that module's device kernels (e.g. a CPU trace) is an error.
+    with pytest.raises(SystemExit, match="no device kernels"):
+        kp.main([str(path), "--module", "jit_missing"])
