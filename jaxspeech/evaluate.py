@@ -226,7 +226,8 @@ def write_result(workdir: str, result: dict, step: int, tag: str = "") -> str:
     return path
 
 
-def _evaluate_run(run: state_lib.Run, config: ConfigDict, data_dir: str, split: str) -> dict:
+def evaluate_run(run: state_lib.Run, config: ConfigDict, data_dir: str, split: str) -> dict:
+    """Score a loaded run's checkpoint on `data_dir/split` with `config.decoding`."""
     with jax.set_mesh(run.spec.mesh):  # the models' logical-axis constraints take effect
         return evaluate_split(
             config=config,
@@ -270,7 +271,7 @@ def evaluate_workdir(
         split = split or config.data.eval_split
         with rules.axis_rules(state_lib.rules_from_config(config)):
             run = state_lib.load_run(workdir, step=step)
-            result = _evaluate_run(run, config, data_dir, split)
+            result = evaluate_run(run, config, data_dir, split)
     except (FileNotFoundError, ValueError, ckpt_lib.CheckpointError) as e:
         raise UserError(str(e)) from e
     step = run.step

@@ -255,8 +255,10 @@ def depthwise_conv1d(
     b, t, c = x_btc.shape
     ksize = w_kc.shape[0]
     pad = ksize - 1 if causal else (ksize - 1) // 2
-    # L >= K - 1 so one following block always holds the whole halo.
-    length = max(min(block, t), ksize - 1)
+    # L >= K - 1 so one following block always holds the whole halo. A symbolic T (an
+    # exported model's, jaxspeech.export) cannot be compared with the block: full blocks.
+    short = min(block, t) if isinstance(t, int) else block
+    length = max(short, ksize - 1)
     n = -(-t // length)
     xp = jnp.pad(x_btc, ((0, 0), (pad, (n + 1) * length - t - pad), (0, 0)))
     blocks = xp.reshape(b, n + 1, length, c)
