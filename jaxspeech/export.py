@@ -106,12 +106,12 @@ def argument_specs(name: str, fns: dict[str, Callable], sample_rate: int) -> tup
     audio = (jax.ShapeDtypeStruct((b, s), jnp.float32), jax.ShapeDtypeStruct((b,), jnp.int32))
     if name in ("ctc", "encoder"):
         return audio
-    enc_out = jax.eval_shape(fns["encoder"], *audio)[0]  # (b, t, J)
     (b,) = jax.export.symbolic_shape("b")  # the decoder's functions see no audio length
     tokens = jax.ShapeDtypeStruct((b,), jnp.int32)
     if name == "predictor_init":
         return (tokens,)
     if name == "joiner":
+        enc_out = jax.eval_shape(fns["encoder"], *audio)[0]  # (b, t, J)
         pred = jax.eval_shape(fns["predictor_step"], *state_specs(fns, b), tokens)[0]
         return (
             jax.ShapeDtypeStruct((b, enc_out.shape[-1]), jnp.float32),
