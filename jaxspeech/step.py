@@ -220,6 +220,10 @@ def micro_batch_key(seed: int, step: int | jax.Array, index: int | jax.Array) ->
     return jax.random.fold_in(jax.random.fold_in(step_key(seed), step), index)
 
 
+class FlopCountUnavailable(RuntimeError):
+    """XLA's cost analysis gave no FLOP count for the step (MFU cannot be reported)."""
+
+
 def step_flops(config: ConfigDict, vocab_size: int, blank_id: int, batch_shapes: dict) -> float:
     """Model FLOPs of one training step on a global batch of `batch_shapes`, by XLA's count.
 
@@ -249,5 +253,5 @@ def step_flops(config: ConfigDict, vocab_size: int, blank_id: int, batch_shapes:
         lowered = jax.jit(step).lower(params, model_vars, opt_state, batch_shapes, jnp.int32(0))
         analysis = lowered.cost_analysis()
     if not analysis or "flops" not in analysis:
-        raise RuntimeError(f"XLA's cost analysis gave no FLOP count: {analysis!r}")
+        raise FlopCountUnavailable(f"XLA's cost analysis gave no FLOP count: {analysis!r}")
     return float(analysis["flops"])

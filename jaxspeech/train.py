@@ -338,7 +338,7 @@ class Trainer:
                         flops = step_lib.step_flops(
                             config, self.tokenizer.vocab_size, self.tokenizer.blank_id, shapes
                         )
-                    except RuntimeError as e:  # a metric, never a reason to stop training
+                    except step_lib.FlopCountUnavailable as e:  # a metric: train on
                         log(f"no MFU for batch shape {key}: {e}")
                 self.compiled[key] = (exe, flops)
                 log(monitor.describe_compiled(exe, shapes, flops, config.features.sample_rate))

@@ -1,6 +1,8 @@
 """jaxspeech.step: the train step's model FLOPs (the loss wiring and gradients are tested
 against references in tests/models/test_transducer.py and tests/parallel)."""
 
+import pytest
+
 from configs import demo
 from jaxspeech import state as state_lib
 from jaxspeech import step as step_lib
@@ -55,3 +57,28 @@ def test_step_flops_counts_every_layer_like_the_matmul_arithmetic():
     per_block = (f4 - f2) / 2
     # Elementwise work (norms, activations, softmax, Adam) adds a little on top.
     assert 1.0 <= per_block / (3 * block_forward) < 1.25, per_block / (3 * block_forward)
+
+
+def test_step_flops_lowers_on_the_host_cpu_and_says_when_xla_gives_no_count(monkeypatch):
+    """GPU plugins return no cost analysis for a lowered program (None): the count is
+    taken on the host's CPU backend, and a missing count is an error, never 0 FLOPs."""
+    import jax
+    import jax.numpy as jnp
+
+    b, s = 1, 8000
+    shapes = {k: jax.ShapeDtypeStruct((b,), jnp.int32) for k in step_lib.BATCH_RANKS}
+    shapes |= {
+        "audio": jax.ShapeDtypeStruct((b, s), jnp.float32),
+        "labels": jax.ShapeDtypeStruct((b, 4), jnp.int32),
+        "weight": jax.ShapeDtypeStruct((b,), jnp.float32),
+    }
+    seen = []
+
+    def no_count(self):
+        seen.append(jax.config.jax_default_device)
+        return None
+
+    monkeypatch.setattr(jax.stages.Lowered, "cost_analysis", no_count)
+    with pytest.raises(step_lib.FlopCountUnavailable, match="no FLOP count: None"):
+        step_lib.step_flops(_flops_config(1), 30, 0, shapes)
+    assert len(seen) == 1 and seen[0].platform == "cpu"
