@@ -13,7 +13,7 @@ DEMO_VOCAB ?= 128
 # multi-process DirectRunner (the default) or a distributed runner.
 DEMO_BEAM_ARGS ?= --direct_running_mode=in_memory --direct_num_workers=1
 
-.PHONY: demo test install install-dev lint format clean-demo
+.PHONY: demo test install install-dev install-onnx lint format clean-demo
 
 $(VENV)/bin/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,23 @@ $(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed
 
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
+
+# The ONNX converter's own environment (`jaxspeech.export --format onnx` runs it in a
+# subprocess). jax2onnx >= 0.13.1 requires orbax-checkpoint < 0.11.37 and the main
+# install resolves orbax-checkpoint 0.12.x, so the two cannot share one environment;
+# the older jax2onnx releases without that bound do not convert our model on jax 0.10.
+# The converter imports only the model code (jax, flax, numpy, librosa), pinned to the
+# main install's versions so that it converts the same computation.
+ONNX_VENV := .venv-onnx
+JAX2ONNX := jax2onnx==0.17.1
+$(ONNX_VENV)/.installed: pyproject.toml $(VENV)/.installed
+	$(PYTHON) -m venv --without-pip $(ONNX_VENV)
+	$(UV) pip freeze --python $(PY) | grep -iE '^(jax|jaxlib|flax|numpy|librosa|ml-dtypes|onnx|onnxruntime)==' > $(ONNX_VENV)/constraints.txt
+	$(UV) pip install --python $(ONNX_VENV)/bin/python --quiet -c $(ONNX_VENV)/constraints.txt \
+	  '$(JAX2ONNX)' jax jaxlib flax numpy librosa onnx onnxruntime
+	touch $@
+
+install-onnx: $(ONNX_VENV)/.installed
 
 # Order-only on the install: reinstalling after a pyproject.toml change must not
 # re-synthesize (or re-prepare) a corpus that is already there.
@@ -53,8 +70,9 @@ demo: $(DEMO_DATA)/shards/.done
 	$(PY) -m jaxspeech.train --config $(DEMO_CONFIG) --workdir $(DEMO_RUN)
 	$(PY) -m jaxspeech.evaluate --workdir $(DEMO_RUN) --data $(DEMO_DATA)/shards --split test
 
-test: $(VENV)/.installed-dev
-	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=20 tests
+# JAXSPEECH_REQUIRE_ONNX: the ONNX tests fail, not skip, if the converter is missing.
+test: $(VENV)/.installed-dev $(ONNX_VENV)/.installed
+	JAXSPEECH_REQUIRE_ONNX=1 $(PY) -m pytest -q -n 2 --dist loadgroup --durations=20 tests
 
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

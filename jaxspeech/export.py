@@ -28,116 +28,30 @@ import datetime
 import json
 import os
 import shutil
+import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 
 import jax
-import jax.numpy as jnp
+import numpy as np
 from absl import app, flags, logging
 from flax import nnx
 
 from jaxspeech import checkpoint as ckpt_lib
-from jaxspeech import cli, evaluate
+from jaxspeech import cli, evaluate, models, quantize
 from jaxspeech import state as state_lib
+from jaxspeech.data import records
+from jaxspeech.data.reader import RecordReader
 from jaxspeech.errors import UserError
+from jaxspeech.models import inference
+from jaxspeech.models.inference import MIN_SECONDS, argument_specs, inference_functions
 from jaxspeech.parallel import mesh as mesh_lib
 from jaxspeech.parallel import rules
 
-FORMATS = ("stablehlo",)
+FORMATS = ("stablehlo", "onnx")
+CALIBRATION_SECONDS = 4.0  # the longest int8 calibration window (quantize.calibration_windows)
 MANIFEST = "manifest.json"
-# Shorter audio gives the front end and the subsampling no frame: the runtime pads it.
-MIN_SECONDS = 0.1
-
-
-# ---------------------------------------------------------------- the exported functions
-def inference_functions(graphdef, params: dict, model_vars: dict) -> dict[str, Callable]:
-    """name -> a pure function of arrays with the parameters closed over (numpy constants,
-    so the exported program does not depend on the devices they were loaded on)."""
-    params, model_vars = jax.device_get(params), jax.device_get(model_vars)
-
-    def model():  # jnp constants: numpy arrays cannot be indexed by traced values
-        return nnx.merge(graphdef, *jax.tree.map(jnp.asarray, (params, model_vars)))
-
-    out: dict[str, Callable] = {}
-    head = model().head.split("+")
-    if "ctc" in head:
-
-        def ctc(audio_bs, audio_len_b):
-            m = model()
-            enc, lengths = m(audio_bs, audio_len_b, train=False)
-            return jax.nn.log_softmax(m.ctc_logits(enc), axis=-1), lengths
-
-        out["ctc"] = ctc
-    if "rnnt" in head:
-
-        def encoder(audio_bs, audio_len_b):
-            m = model()
-            enc, lengths = m(audio_bs, audio_len_b, train=False)
-            return m.transducer.joiner.enc_proj(enc).astype(jnp.float32), lengths
-
-        def predictor_init(tokens_b):
-            init, _, _ = model().transducer.decoder_fns()
-            return tuple(jax.tree.leaves(init(tokens_b.shape[0])))
-
-        def predictor_step(*state_and_tokens):
-            *leaves, tokens_b = state_and_tokens
-            init, step, _ = model().transducer.decoder_fns()
-            treedef = jax.tree.structure(init(1))
-            pred, state = step(jax.tree.unflatten(treedef, leaves), tokens_b)
-            return (pred.astype(jnp.float32), *jax.tree.leaves(state))
-
-        def joiner(enc_proj_bj, pred_proj_bj):
-            _, _, joint = model().transducer.decoder_fns()
-            return jax.nn.log_softmax(joint(enc_proj_bj, pred_proj_bj).astype(jnp.float32), -1)
-
-        out |= {
-            "encoder": encoder,
-            "predictor_init": predictor_init,
-            "predictor_step": predictor_step,
-            "joiner": joiner,
-        }
-    return out
-
-
-def argument_specs(name: str, fns: dict[str, Callable], sample_rate: int) -> tuple:
-    """The symbolic-shape arguments each function is exported for (b: batch, s: samples)."""
-    min_samples = int(MIN_SECONDS * sample_rate)
-    b, s = jax.export.symbolic_shape("b, s", constraints=(f"s >= {min_samples}",))
-    audio = (jax.ShapeDtypeStruct((b, s), jnp.float32), jax.ShapeDtypeStruct((b,), jnp.int32))
-    if name in ("ctc", "encoder"):
-        return audio
-    (b,) = jax.export.symbolic_shape("b")  # the decoder's functions see no audio length
-    tokens = jax.ShapeDtypeStruct((b,), jnp.int32)
-    if name == "predictor_init":
-        return (tokens,)
-    if name == "joiner":
-        enc_out = jax.eval_shape(fns["encoder"], *audio)[0]  # (b, t, J)
-        pred = jax.eval_shape(fns["predictor_step"], *state_specs(fns, b), tokens)[0]
-        return (
-            jax.ShapeDtypeStruct((b, enc_out.shape[-1]), jnp.float32),
-            jax.ShapeDtypeStruct((b, pred.shape[-1]), pred.dtype),
-        )
-    return (*state_specs(fns, b), tokens)  # predictor_step
-
-
-def state_specs(fns: dict[str, Callable], b) -> tuple:
-    """The predictor state's leaves for a batch of `b`."""
-    return tuple(
-        jax.ShapeDtypeStruct(x.shape, x.dtype)
-        for x in jax.eval_shape(fns["predictor_init"], jax.ShapeDtypeStruct((b,), jnp.int32))
-    )
-
-
-def _names(name: str, n_state: int) -> tuple[list[str], list[str]]:
-    """Input and output names of each function (the manifest's and the ONNX graph's)."""
-    state = [f"state_{i}" for i in range(n_state)]
-    return {
-        "ctc": (["audio", "audio_len"], ["log_probs", "lengths"]),
-        "encoder": (["audio", "audio_len"], ["enc_proj", "lengths"]),
-        "predictor_init": (["tokens"], state),
-        "predictor_step": ([*state, "tokens"], ["pred_proj", *state]),
-        "joiner": (["enc_proj", "pred_proj"], ["log_probs"]),
-    }[name]
 
 
 def _describe(names: list[str], avals) -> list[dict]:
@@ -147,19 +61,17 @@ def _describe(names: list[str], avals) -> list[dict]:
     ]
 
 
+# ---------------------------------------------------------------- StableHLO
 def export_stablehlo(fns: dict[str, Callable], sample_rate: int, output: str) -> dict:
     """Write <name>.stablehlo for every function; returns the manifest's "functions"."""
     described = {}
-    n_state = 0
-    if "predictor_init" in fns:
-        n_state = len(state_specs(fns, 1))
     for name, fn in fns.items():
         specs = argument_specs(name, fns, sample_rate)
         exported = jax.export.export(jax.jit(fn), platforms=("cpu", "cuda", "tpu"))(*specs)
         path = os.path.join(output, f"{name}.stablehlo")
         with open(path, "wb") as f:
             f.write(exported.serialize())
-        inputs, outputs = _names(name, n_state)
+        inputs, outputs = inference.io_names(name, fns)
         described[name] = {
             "file": os.path.basename(path),
             "inputs": _describe(inputs, exported.in_avals),
@@ -167,6 +79,136 @@ def export_stablehlo(fns: dict[str, Callable], sample_rate: int, output: str) ->
             "platforms": list(exported.platforms),
         }
     return described
+
+
+# ---------------------------------------------------------------- ONNX
+# ONNX artifacts compute in float32 whatever the run trained in: onnxruntime's CPU
+# kernels have no bfloat16 for most operators.
+ONNX_DTYPE = "float32"
+ONNX_TOLERANCE = 1e-3  # export fails past it: a conversion error, not rounding
+
+
+def default_onnx_python() -> str:
+    """$JAXSPEECH_ONNX_PYTHON, else the checkout's .venv-onnx (`make install-onnx`)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return os.environ.get("JAXSPEECH_ONNX_PYTHON") or os.path.join(
+        root, ".venv-onnx", "bin", "python"
+    )
+
+
+def stage_for_conversion(
+    arguments: dict, params: dict, model_vars: dict, sample_rate: int, names, stage: str
+) -> None:
+    """Write what `jaxspeech.onnx_convert` reads: the model's arguments and its arrays."""
+    from jaxspeech import onnx_convert  # noqa: PLC0415 (file names only; no jax2onnx)
+
+    with open(os.path.join(stage, onnx_convert.MODEL_JSON), "w") as f:
+        json.dump({"arguments": arguments, "sample_rate": sample_rate, "functions": list(names)}, f)
+    arrays = {}
+    for part, tree in (("params", params), ("model_vars", model_vars)):
+        for k, v in inference.flat_arrays(jax.device_get(tree)).items():
+            arrays[f"{part}/{k}"] = v
+    np.savez(os.path.join(stage, onnx_convert.ARRAYS), **arrays)
+
+
+def run_converter(stage: str, output: str, onnx_python: str) -> dict:
+    """`python -m jaxspeech.onnx_convert` in the converter's environment -> its report."""
+    if not os.path.exists(onnx_python):
+        raise UserError(
+            f"the ONNX converter's environment is missing ({onnx_python}): run "
+            "`make install-onnx`, or pass --onnx_python (or set JAXSPEECH_ONNX_PYTHON) to a "
+            "python with jax2onnx and the main install's jax and flax"
+        )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root, JAX_PLATFORMS="cpu")
+    env.pop("XLA_FLAGS", None)  # one CPU device is all a conversion traces for
+    cmd = [onnx_python, "-m", "jaxspeech.onnx_convert", "--input", stage, "--output", output]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"ONNX conversion failed ({' '.join(cmd)}):\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def check_inputs(name: str, fns: dict[str, Callable], sample_rate: int, seed: int = 0) -> dict:
+    """Concrete inputs for `name` (a ragged audio batch; tokens; random projections):
+    what export compares the ONNX functions with the JAX ones on."""
+    rng = np.random.default_rng(seed)
+    inputs, _ = inference.io_names(name, fns)
+    if name in inference.AUDIO_FUNCTIONS:
+        s = int(1.3 * sample_rate)
+        lengths = np.array([s, s * 2 // 3], np.int32)
+        audio = (0.1 * rng.standard_normal((2, s))).astype(np.float32)
+        audio[1, lengths[1] :] = 0.0
+        return {"audio": audio, "audio_len": lengths}
+    tokens = np.array([1, 2, 3], np.int32)
+    if name == "predictor_init":
+        return {"tokens": tokens}
+    if name == "predictor_step":
+        state = [np.asarray(x) for x in jax.jit(fns["predictor_init"])(tokens)]
+        return dict(zip(inputs, [*state, tokens], strict=True))
+    specs = argument_specs(name, fns, sample_rate)  # joiner: (b, J) projections
+    return {
+        n: rng.standard_normal((3, a.shape[-1])).astype(np.float32)
+        for n, a in zip(inputs, specs, strict=True)
+    }
+
+
+def export_onnx(
+    arguments: dict,
+    params: dict,
+    model_vars: dict,
+    sample_rate: int,
+    output: str,
+    onnx_python: str,
+) -> dict:
+    """Write <name>.onnx for every function (converted in the converter's environment),
+    each run in onnxruntime against the JAX function; returns the manifest's "functions".
+
+    Raises:
+      UserError: the converter's environment is missing.
+      RuntimeError: the conversion failed, or an ONNX function differs from JAX's.
+    """
+    import onnxruntime as ort  # noqa: PLC0415 (the `onnx` extra)
+
+    arguments, params = inference.unscanned(dict(arguments, dtype=ONNX_DTYPE), params)
+    abstract = nnx.eval_shape(lambda: models.model_from_arguments(arguments, nnx.Rngs(0)))
+    graphdef = nnx.graphdef(abstract)
+    fns = inference_functions(graphdef, params, model_vars)
+    with tempfile.TemporaryDirectory(dir=output, prefix=".stage-") as stage:
+        stage_for_conversion(arguments, params, model_vars, sample_rate, fns, stage)
+        report = run_converter(stage, output, onnx_python)
+    described = {}
+    for name, fn in fns.items():
+        session = ort.InferenceSession(
+            os.path.join(output, report[name]["file"]), providers=["CPUExecutionProvider"]
+        )
+        feeds = check_inputs(name, fns, sample_rate)
+        got = session.run(None, feeds)
+        want = jax.tree.leaves(jax.jit(fn)(*feeds.values()))
+        diff = max(
+            float(np.max(np.abs(np.asarray(g, np.float64) - np.asarray(w, np.float64))))
+            for g, w in zip(got, want, strict=True)
+        )
+        if diff > ONNX_TOLERANCE:
+            raise RuntimeError(f"{name}.onnx differs from the JAX function by {diff:.3g}")
+        described[name] = {
+            "file": report[name]["file"],
+            "inputs": _describe_onnx(session.get_inputs()),
+            "outputs": _describe_onnx(session.get_outputs()),
+            "dtype": ONNX_DTYPE,
+            "max_abs_diff_vs_jax": diff,
+            "conversion_seconds": report[name]["seconds"],
+        }
+    return described
+
+
+def _describe_onnx(args) -> list[dict]:
+    """onnxruntime's NodeArgs as the manifest's {"name", "shape", "dtype"}."""
+    dtypes = {"tensor(float)": "float32", "tensor(int32)": "int32", "tensor(int64)": "int64"}
+    return [
+        {"name": a.name, "shape": [str(d) for d in a.shape], "dtype": dtypes.get(a.type, a.type)}
+        for a in args
+    ]
 
 
 # ---------------------------------------------------------------- the command
@@ -178,18 +220,34 @@ def export_run(
     step: int | None = None,
     data_dir: str | None = None,
     eval_split: str | None = None,
+    onnx_python: str | None = None,
+    int8: bool = False,
+    calibration: str | None = None,
+    calibration_utts: int = 64,
+    calibration_method: str = "minmax",
+    calibration_percentile: float = quantize.DEFAULT_PERCENTILE,
 ) -> dict:
     """Export RUN's checkpoint (latest unless `step`) to `output`; returns the manifest.
 
     `eval_split` ("" to skip; default the run's data.eval_split) is scored with the
-    exported checkpoint and recorded in the manifest.
+    exported checkpoint and recorded in the manifest. `onnx_python`: the converter's
+    interpreter for `fmt="onnx"` (default `default_onnx_python()`). `int8` (ONNX only)
+    adds int8 QDQ versions of the audio functions calibrated on `calibration_utts`
+    utterances of `calibration` ("DATA_DIR:SPLIT"), and quantization.json.
 
     Raises:
       UserError: not a run, no checkpoint, an unknown format, a split that is not prepared.
     """
     if fmt not in FORMATS:
         raise UserError(f"unknown export format {fmt!r}: choose one of {FORMATS}")
+    if int8 and fmt != "onnx":
+        raise UserError(f"--int8 needs --format onnx (the {fmt} artifact is float)")
+    if int8 and calibration_method not in quantize.METHODS:
+        raise UserError(
+            f"unknown calibration method {calibration_method!r}: choose one of {quantize.METHODS}"
+        )
     try:
+        calib = read_calibration(calibration, calibration_utts) if int8 else None
         config = state_lib.load_run_config(workdir)
         with rules.axis_rules(state_lib.rules_from_config(config)):
             one = state_lib.mesh_from_config(_single_device(config), devices=jax.devices()[:1])
@@ -204,8 +262,37 @@ def export_run(
     except (FileNotFoundError, ValueError, ckpt_lib.CheckpointError) as e:
         raise UserError(str(e)) from e
     os.makedirs(output, exist_ok=True)
-    fns = inference_functions(run.spec.graphdef, run.params, run.model_vars)
-    functions = export_stablehlo(fns, int(config.features.sample_rate), output)
+    sample_rate = int(config.features.sample_rate)
+    if fmt == "onnx":
+        arguments = state_lib.model_arguments(config, run.tokenizer.vocab_size)
+        functions = export_onnx(
+            arguments,
+            run.params,
+            run.model_vars,
+            sample_rate,
+            output,
+            onnx_python or default_onnx_python(),
+        )
+    else:
+        fns = inference_functions(run.spec.graphdef, run.params, run.model_vars)
+        functions = export_stablehlo(fns, sample_rate, output)
+    if calib is not None:
+        utterances, calibration_set = calib
+        feats = config.features
+        report = quantize.quantize_artifact(
+            output,
+            functions,
+            utterances,
+            method=calibration_method,
+            percentile=calibration_percentile,
+            min_samples=int(MIN_SECONDS * sample_rate),
+            max_samples=int(CALIBRATION_SECONDS * sample_rate),
+            num_freqs=int(feats.n_fft) // 2 + 1,
+            num_mels=int(feats.num_mel_bins),
+            calibration=calibration_set,
+        )
+        with open(os.path.join(output, quantize.QUANTIZATION_JSON), "w") as f:
+            json.dump(report, f)
     tokenizer_out = os.path.join(output, "tokenizer")
     shutil.copytree(run.tokenizer_dir, tokenizer_out, dirs_exist_ok=True)
     manifest = {
@@ -236,10 +323,44 @@ def export_run(
             "config": config.to_dict(),
         },
         "eval": scores,
+        "quantization": quantize.QUANTIZATION_JSON if calib is not None else None,
     }
     with open(os.path.join(output, MANIFEST), "w") as f:
         json.dump(manifest, f, indent=1, default=str)
     return manifest
+
+
+def read_calibration(spec: str | None, n: int) -> tuple[list[np.ndarray], dict]:
+    """ "DATA_DIR:SPLIT" -> (up to `n` utterances as float32 audio in [-1, 1], drawn with a
+    fixed seed over the split; the set's description for quantization.json).
+
+    Raises:
+      UserError: no or a malformed spec, n < 1, a split that is not prepared.
+    """
+    if not spec or ":" not in spec:
+        raise UserError(f"--int8 needs --calibration DATA_DIR:SPLIT, got {spec!r}")
+    if n < 1:
+        raise UserError(f"--calibration_utts must be >= 1, got {n}")
+    data_dir, split = spec.rsplit(":", 1)
+    try:
+        index = records.read_split_index(data_dir, split)
+    except FileNotFoundError as e:
+        raise UserError(f"calibration split: {e}") from e
+    chosen = np.sort(np.random.default_rng(0).permutation(index.num_records)[:n])
+    data, faults, _ = RecordReader(index.shard_paths, index.shard_num_records).read(chosen.tolist())
+    if faults:
+        raise UserError(f"calibration split {spec}: unreadable records: {faults[:3]}")
+    recs = [records.decode_record(d) for d in data]
+    audio = [np.asarray(r["audio"], np.float32) / 32768.0 for r in recs]  # as the loader
+    ids = [r["id"] for r in recs]
+    described = {
+        "data": os.path.abspath(data_dir),
+        "split": split,
+        "num_utts": len(recs),
+        "seconds": round(sum(len(a) / r["sample_rate"] for a, r in zip(audio, recs)), 2),
+        "id": quantize.calibration_id(ids),
+    }
+    return audio, described
 
 
 def _single_device(config):
@@ -264,8 +385,17 @@ def main(argv: list[str]) -> None:
             step=FLAGS.step,
             data_dir=FLAGS.data,
             eval_split=FLAGS.eval_split,
+            onnx_python=FLAGS.onnx_python,
+            int8=FLAGS.int8,
+            calibration=FLAGS.calibration,
+            calibration_utts=FLAGS.calibration_utts,
+            calibration_method=FLAGS.calibration_method,
+            calibration_percentile=FLAGS.calibration_percentile,
         )
-        files = ", ".join(f["file"] for f in manifest["functions"].values())
+        files = ", ".join(
+            ", ".join(f[k] for k in ("file", "int8_file") if k in f)
+            for f in manifest["functions"].values()
+        )
         scores = manifest["eval"]
         print(
             f"exported step {manifest['run']['step']} of {FLAGS.workdir} to {FLAGS.output}: "
@@ -294,6 +424,21 @@ if __name__ == "__main__":
         "eval_split",
         None,
         "Split scored into the manifest (default: the run's data.eval_split; '' skips).",
+    )
+    flags.DEFINE_string(
+        "onnx_python",
+        None,
+        "Python of the ONNX converter's environment (default: $JAXSPEECH_ONNX_PYTHON, else "
+        "the checkout's .venv-onnx from `make install-onnx`).",
+    )
+    flags.DEFINE_bool("int8", False, "Also write int8 QDQ versions (ONNX) + quantization.json.")
+    flags.DEFINE_string("calibration", None, "int8 calibration utterances: DATA_DIR:SPLIT.")
+    flags.DEFINE_integer("calibration_utts", 64, "Number of calibration utterances.")
+    flags.DEFINE_string("calibration_method", "minmax", f"One of {quantize.METHODS}.")
+    flags.DEFINE_float(
+        "calibration_percentile",
+        quantize.DEFAULT_PERCENTILE,
+        "Percentile of |activation| kept by the percentile method.",
     )
     logging.set_verbosity(logging.WARNING)
     app.run(main, flags_parser=cli.parse_flags)

@@ -32,14 +32,13 @@ from jaxspeech import optim
 from jaxspeech.audio.features import LogMelConfig, stats_to_mean_std
 from jaxspeech.data.tokenizer import Tokenizer
 from jaxspeech.errors import UserError
-from jaxspeech.models import ENCODERS, build_model
+from jaxspeech.models import DTYPES, ENCODERS, model_from_arguments
 from jaxspeech.models.frontend import FeatureStats
 from jaxspeech.parallel import mesh as mesh_lib
 from jaxspeech.parallel import rules
 
 ASSETS = "assets"  # RUN/assets: the run's own tokenizer and feature statistics
 TOKENIZER = "tokenizer"
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
 # ---------------------------------------------------------------- mesh from config
@@ -61,8 +60,9 @@ def feature_config(config: ConfigDict) -> LogMelConfig:
     return LogMelConfig(**config.features.to_dict())
 
 
-def make_model(config: ConfigDict, vocab_size: int, seed: int) -> nnx.Module:
-    """Instantiate `config.model` (explicit keyword arguments, no config inside the model)."""
+def model_arguments(config: ConfigDict, vocab_size: int) -> dict:
+    """`config.model`'s keyword arguments of `build_model`, JSON-able (the feature settings
+    as a dict, the dtype by name): see `jaxspeech.models.model_from_arguments`."""
     m = config.model
     if m.dtype not in DTYPES:
         raise ValueError(f"model.dtype must be one of {sorted(DTYPES)}, got {m.dtype!r}")
@@ -74,17 +74,21 @@ def make_model(config: ConfigDict, vocab_size: int, seed: int) -> nnx.Module:
     specaug = None
     if config.specaug.enabled:
         specaug = {k: v for k, v in config.specaug.to_dict().items() if k != "enabled"}
-    return build_model(
-        encoder=m.encoder,
-        encoder_kwargs=m[m.encoder].to_dict(),
-        head=m.head,
-        transducer_kwargs=m.transducer.to_dict() if "rnnt" in m.head else None,
-        vocab_size=vocab_size,
-        feature_config=feature_config(config),
-        specaug=specaug,
-        dtype=DTYPES[m.dtype],
-        rngs=nnx.Rngs(params=seed),
-    )
+    return {
+        "encoder": m.encoder,
+        "encoder_kwargs": m[m.encoder].to_dict(),
+        "head": m.head,
+        "transducer_kwargs": m.transducer.to_dict() if "rnnt" in m.head else None,
+        "vocab_size": vocab_size,
+        "feature_config": config.features.to_dict(),
+        "specaug": specaug,
+        "dtype": m.dtype,
+    }
+
+
+def make_model(config: ConfigDict, vocab_size: int, seed: int) -> nnx.Module:
+    """Instantiate `config.model` (explicit keyword arguments, no config inside the model)."""
+    return model_from_arguments(model_arguments(config, vocab_size), nnx.Rngs(params=seed))
 
 
 def feature_stats(mean_f: np.ndarray, std_f: np.ndarray) -> dict:

@@ -22,3 +22,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "/tests/e2e/" in str(item.path).replace(os.sep, "/"):
             item.add_marker(pytest.mark.xdist_group("e2e"))
+
+
+def onnx_converter() -> str:
+    """The ONNX converter's python (`make install-onnx`). Missing: the test is skipped,
+    or fails under `make test` (JAXSPEECH_REQUIRE_ONNX=1), where it must run."""
+    import pytest
+
+    from jaxspeech import export
+
+    path = export.default_onnx_python()
+    if not os.path.exists(path):
+        message = f"the ONNX converter's environment is missing ({path}): make install-onnx"
+        if os.environ.get("JAXSPEECH_REQUIRE_ONNX"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return path

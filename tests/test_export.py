@@ -1,10 +1,12 @@
-"""jaxspeech.export's functions against the training code, in process: the StableHLO
-artifacts of a CTC and a CTC+transducer model at two (B, S), one longer than every
-training bucket; a greedy RNN-T search written here over the exported pieces against
-`jaxspeech.decoding.rnnt.rnnt_greedy`; and reloading with jax alone in a fresh process."""
+"""jaxspeech.export's functions against the training code, in process: the StableHLO and
+the ONNX (onnxruntime) artifacts of a CTC+transducer model at two (B, S), one longer
+than every training bucket; a greedy RNN-T search written here over the exported
+pieces against `jaxspeech.decoding.rnnt.rnnt_greedy`; reloading the StableHLO with jax
+alone in a fresh process; the ONNX graph rewrite and the int8 quantization."""
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -15,13 +17,17 @@ import pytest
 from flax import nnx
 
 from configs import demo
-from jaxspeech import export
+from jaxspeech import export, quantize
 from jaxspeech import state as state_lib
 from jaxspeech.decoding import ctc as ctc_decoding
 from jaxspeech.decoding import rnnt as rnnt_decoding
+from tests.conftest import onnx_converter
 
 VOCAB = 12
 RATE = 16000
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+TRANSCRIBER = str(ROOT / "examples" / "transcribe_onnx.py")
 
 
 def _model(variant: str):
@@ -46,19 +52,47 @@ def _audio(b: int, s: int, seed: int):
     return audio, lengths
 
 
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    """A CTC + transducer model (every exported function; compiled once for the module):
-    (model parts, loaded exported functions, manifest "functions", directory)."""
+def _loader(fmt: str, where, described: dict) -> dict:
+    """name -> a function of numpy arrays returning a list of numpy arrays."""
+    if fmt == "stablehlo":
+
+        def load(d):
+            exp = jax.export.deserialize((where / d["file"]).read_bytes())
+
+            def call(*arrays):
+                out = exp.call(*arrays)  # one output: an array, not a 1-tuple
+                return [np.asarray(x) for x in (out if isinstance(out, tuple | list) else [out])]
+
+            return call
+
+    else:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+
+        def load(d):
+            session = ort.InferenceSession(str(where / d["file"]), options)
+            names = [i.name for i in session.get_inputs()]
+            return lambda *a: session.run(None, dict(zip(names, a, strict=True)))
+
+    return {name: load(d) for name, d in described.items()}
+
+
+@pytest.fixture(scope="module", params=["stablehlo", "onnx"])
+def exported(request, tmp_path_factory):
+    """A CTC + transducer model (every exported function; converted once per format for
+    the module): (model parts, loaded functions, manifest "functions", directory, format)."""
     graphdef, params, stats, config = _model("ctc_rnnt")
-    fns = export.inference_functions(graphdef, params, stats)
-    where = tmp_path_factory.mktemp("artifact")
-    described = export.export_stablehlo(fns, RATE, str(where))
-    loaded = {
-        name: jax.export.deserialize((where / d["file"]).read_bytes())
-        for name, d in described.items()
-    }
-    return (graphdef, params, stats, config), loaded, described, where
+    where = tmp_path_factory.mktemp(request.param)
+    if request.param == "stablehlo":
+        fns = export.inference_functions(graphdef, params, stats)
+        described = export.export_stablehlo(fns, RATE, str(where))
+    else:
+        arguments = state_lib.model_arguments(config, VOCAB)
+        described = export.export_onnx(arguments, params, stats, RATE, str(where), onnx_converter())
+    loaded = _loader(request.param, where, described)
+    return (graphdef, params, stats, config), loaded, described, where, request.param
 
 
 # Two shapes: the second (9 s) is longer than the tiny config's largest bucket (8 s).
@@ -67,13 +101,13 @@ SHAPES = [(2, 16000, 0), (3, 9 * RATE, 1)]
 
 @pytest.mark.parametrize("b,s,seed", SHAPES)
 def test_ctc_artifact_equals_the_training_code(exported, b, s, seed):
-    (graphdef, params, stats, config), loaded, described, _ = exported
+    (graphdef, params, stats, config), loaded, described, *_ = exported
     assert max(config.data.bucket_boundaries) * RATE < SHAPES[1][1]
     audio, lengths = _audio(b, s, seed)
     model = nnx.merge(graphdef, params, stats)
     enc, enc_len = model(jnp.asarray(audio), jnp.asarray(lengths), train=False)
     ref = np.asarray(jax.nn.log_softmax(model.ctc_logits(enc), -1))
-    got, got_len = loaded["ctc"].call(audio, lengths)
+    got, got_len = loaded["ctc"](audio, lengths)
     np.testing.assert_array_equal(got_len, enc_len)
     np.testing.assert_allclose(np.asarray(got), ref, atol=1e-4, rtol=0)
     # Greedy decoding of the artifact's output = the evaluator's greedy ids.
@@ -92,47 +126,47 @@ def test_ctc_artifact_equals_the_training_code(exported, b, s, seed):
 
 def _greedy_over_pieces(loaded, audio, lengths, blank, max_symbols):
     """RNN-T greedy search over the exported functions, one row at a time (numpy loop)."""
-    enc, enc_len = (np.asarray(x) for x in loaded["encoder"].call(audio, lengths))
+    enc, enc_len = (np.asarray(x) for x in loaded["encoder"](audio, lengths))
     out = []
     for i in range(len(audio)):
-        state = loaded["predictor_init"].call(np.array([blank], np.int32))
-        pred, *state = loaded["predictor_step"].call(*state, np.array([blank], np.int32))
+        state = loaded["predictor_init"](np.array([blank], np.int32))
+        pred, *state = loaded["predictor_step"](*state, np.array([blank], np.int32))
         tokens = []
         for t in range(int(enc_len[i])):
             for _ in range(max_symbols):
-                logp = np.asarray(loaded["joiner"].call(enc[i : i + 1, t], pred))
+                (logp,) = loaded["joiner"](enc[i : i + 1, t], pred)
                 k = int(np.argmax(logp[0]))
                 if k == blank:
                     break
                 tokens.append(k)
-                pred, *state = loaded["predictor_step"].call(*state, np.array([k], np.int32))
+                pred, *state = loaded["predictor_step"](*state, np.array([k], np.int32))
         out.append(tokens)
     return out
 
 
 @pytest.mark.parametrize("b,s,seed", SHAPES)
 def test_transducer_pieces_equal_the_training_code(exported, b, s, seed):
-    (graphdef, params, stats, config), loaded, described, _ = exported
+    (graphdef, params, stats, config), loaded, described, *_ = exported
     assert set(described) == {"ctc", "encoder", "predictor_init", "predictor_step", "joiner"}
     audio, lengths = _audio(b, s, seed)
     model = nnx.merge(graphdef, params, stats)
     enc, enc_len = model(jnp.asarray(audio), jnp.asarray(lengths), train=False)
     tr = model.transducer
     enc_proj = tr.joiner.enc_proj(enc)
-    got_proj, got_len = loaded["encoder"].call(audio, lengths)
+    got_proj, got_len = loaded["encoder"](audio, lengths)
     np.testing.assert_array_equal(got_len, enc_len)
     np.testing.assert_allclose(np.asarray(got_proj), np.asarray(enc_proj), atol=1e-4, rtol=0)
     # One predictor step and the joiner on the first frame, against the model's parts.
     pred_init, pred_step, joint = tr.decoder_fns()
     tokens = jnp.arange(b, dtype=jnp.int32) + 1
     ref_pred, ref_state = pred_step(pred_init(b), tokens)
-    state = loaded["predictor_init"].call(np.asarray(tokens))
-    got_pred, *got_state = loaded["predictor_step"].call(*state, np.asarray(tokens))
+    state = loaded["predictor_init"](np.asarray(tokens))
+    got_pred, *got_state = loaded["predictor_step"](*state, np.asarray(tokens))
     np.testing.assert_allclose(np.asarray(got_pred), np.asarray(ref_pred), atol=1e-5, rtol=0)
     for g, r in zip(got_state, jax.tree.leaves(ref_state), strict=True):
         np.testing.assert_array_equal(np.asarray(g), np.asarray(r))
     ref_logp = jax.nn.log_softmax(joint(enc_proj[:, 0], ref_pred), -1)
-    got_logp = loaded["joiner"].call(np.asarray(got_proj)[:, 0], np.asarray(got_pred))
+    (got_logp,) = loaded["joiner"](np.asarray(got_proj)[:, 0], np.asarray(got_pred))
     np.testing.assert_allclose(np.asarray(got_logp), np.asarray(ref_logp), atol=1e-4, rtol=0)
     # The whole greedy search over the pieces = the evaluator's batched greedy search.
     blank, max_symbols = 0, int(config.decoding.max_symbols_per_frame)
@@ -147,15 +181,16 @@ def test_transducer_pieces_equal_the_training_code(exported, b, s, seed):
 def test_short_audio_is_padded_to_min_samples_by_the_runtime(exported):
     """Below the manifest's min_samples the artifact refuses the shape; zero-padded to it,
     with audio_len the true length, it decodes like the training code."""
-    (graphdef, params, stats, _), loaded, _, _ = exported
+    (graphdef, params, stats, _), loaded, _, _, fmt = exported
     min_samples = int(export.MIN_SECONDS * RATE)
     audio, _ = _audio(1, min_samples - 1, 0)
-    with pytest.raises(Exception, match="refining shapes"):
-        loaded["ctc"].call(audio, np.array([min_samples - 1], np.int32))
+    if fmt == "stablehlo":  # onnxruntime does not check the bound; the manifest states it
+        with pytest.raises(Exception, match="refining shapes"):
+            loaded["ctc"](audio, np.array([min_samples - 1], np.int32))
     padded = np.zeros((1, min_samples), np.float32)
     padded[0, :1000] = audio[0, :1000]
     lengths = np.array([1000], np.int32)
-    got, got_len = loaded["ctc"].call(padded, lengths)
+    got, got_len = loaded["ctc"](padded, lengths)
     model = nnx.merge(graphdef, params, stats)
     enc, enc_len = model(jnp.asarray(padded), jnp.asarray(lengths), train=False)
     np.testing.assert_array_equal(got_len, enc_len)
@@ -166,7 +201,9 @@ def test_short_audio_is_padded_to_min_samples_by_the_runtime(exported):
 def test_the_artifact_runs_with_jax_alone_in_a_fresh_process(exported):
     """Deserialized and run without jaxspeech (nor flax) imported: the program and the
     parameters are all in the file."""
-    _, loaded, described, where = exported
+    _, loaded, described, where, fmt = exported
+    if fmt != "stablehlo":
+        pytest.skip("jax.export's own format")
     audio, lengths = _audio(2, 20000, 5)
     np.save(where / "audio.npy", audio)
     np.save(where / "lengths.npy", lengths)
@@ -185,5 +222,191 @@ def test_the_artifact_runs_with_jax_alone_in_a_fresh_process(exported):
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
-    want = np.asarray(loaded["ctc"].call(audio, lengths)[0])
+    want = np.asarray(loaded["ctc"](audio, lengths)[0])
     np.testing.assert_allclose(np.load(where / "out.npy"), want, atol=1e-5, rtol=0)
+
+
+# ---------------------------------------------------------------- ONNX graph and int8
+def _onnx_run(model, feeds: dict) -> list:
+    import onnxruntime as ort
+
+    return ort.InferenceSession(model.SerializeToString()).run(None, feeds)
+
+
+def test_einsum_rewrite_to_matmul_is_exact():
+    """Every Einsum of an activation with a constant weight becomes a MatMul (reshapes
+    around it where the weight has 3 axes); one of two activations stays an Einsum."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from jaxspeech import onnx_convert
+
+    rng = np.random.default_rng(0)
+    w = {
+        "w_dense": rng.standard_normal((6, 5)).astype(np.float32),  # abc,cd->abd
+        "w_qkv": rng.standard_normal((6, 2, 3)).astype(np.float32),  # btd,dhk->bthk
+        "w_out": rng.standard_normal((2, 3, 6)).astype(np.float32),  # bthk,hkd->btd
+    }
+    nodes = [
+        helper.make_node("Einsum", ["x", "w_dense"], ["y1"], equation="abc,cd->abd"),
+        helper.make_node("Einsum", ["x", "w_qkv"], ["q"], equation="btd,dhk->bthk"),
+        helper.make_node("Einsum", ["q", "w_out"], ["y2"], equation="bthk,hkd->btd"),
+        helper.make_node("Einsum", ["q", "q"], ["s"], equation="bthk,bshk->bhts"),
+    ]
+    f32 = TensorProto.FLOAT
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", f32, ["b", "t", 6])],
+        [helper.make_tensor_value_info(n, f32, None) for n in ("y1", "y2", "s")],
+        [numpy_helper.from_array(v, k) for k, v in w.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    x = rng.standard_normal((2, 7, 6)).astype(np.float32)
+    want = _onnx_run(model, {"x": x})
+    assert onnx_convert.einsum_to_matmul(model) == 3
+    ops = [n.op_type for n in model.graph.node]
+    assert ops.count("MatMul") == 3 and ops.count("Einsum") == 1
+    assert {t.name for t in model.graph.initializer} >= {"w_dense__2d", "w_qkv__2d", "w_out__2d"}
+    assert not {"w_dense", "w_qkv", "w_out"} & {t.name for t in model.graph.initializer}
+    for g, r in zip(_onnx_run(model, {"x": x}), want, strict=True):
+        np.testing.assert_allclose(g, r, atol=1e-5, rtol=1e-5)
+    # numpy reference of one of them
+    np.testing.assert_allclose(want[1], np.einsum("btd,dhk,hke->bte", x, w["w_qkv"], w["w_out"]),
+                               atol=1e-4, rtol=1e-4)  # fmt: skip
+    assert onnx_convert._einsum_operands("bthk,rhk->bhtr", 3) is None
+
+
+def _calibration(n: int, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [
+        (0.1 * rng.standard_normal(int(s))).astype(np.float32)
+        for s in rng.uniform(0.3, 1.5, n) * RATE
+    ]
+
+
+@pytest.fixture(scope="module")
+def quantized(tmp_path_factory):
+    """The CTC + transducer model's ONNX artifact quantized with both methods:
+    (float directory, described functions, {method: (directory, report)}, model parts)."""
+    graphdef, params, stats, config = _model("ctc_rnnt")
+    where = tmp_path_factory.mktemp("onnx_int8")
+    arguments = state_lib.model_arguments(config, VOCAB)
+    described = export.export_onnx(arguments, params, stats, RATE, str(where), onnx_converter())
+    out = {}
+    for method in quantize.METHODS:
+        d = tmp_path_factory.mktemp(method)
+        for fn in described.values():
+            (d / fn["file"]).write_bytes((where / fn["file"]).read_bytes())
+        fns = {k: dict(v) for k, v in described.items()}
+        report = quantize.quantize_artifact(
+            str(d), fns, _calibration(6, 0), method=method, percentile=99.0,
+            min_samples=1600, max_samples=RATE,
+            num_freqs=config.features.n_fft // 2 + 1, num_mels=config.features.num_mel_bins,
+            calibration={"split": "noise"},
+        )  # fmt: skip
+        out[method] = (d, fns, report)
+    return where, described, out, (graphdef, params, stats, config)
+
+
+def test_int8_weights_are_per_channel_symmetric_and_the_front_end_stays_float(quantized):
+    import onnx
+    from onnx import numpy_helper
+
+    where, described, out, _ = quantized
+    d, fns, report = out["minmax"]
+    assert (
+        set(report["functions"]) == {"ctc", "encoder"}
+        and fns["ctc"]["int8_file"] == "ctc.int8.onnx"
+    )
+    assert "joiner" in report["float32"] and "predictor_step" in report["float32"]
+    floats = onnx.load(str(where / "ctc.onnx"))
+    consts = {t.name: numpy_helper.to_array(t) for t in floats.graph.initializer}
+    matmul_weights = [
+        n.input[1] for n in floats.graph.node if n.op_type == "MatMul" and n.input[1] in consts
+    ]
+    mel = [w for w in matmul_weights if consts[w].shape == (257, 80)]
+    assert len(mel) == 1  # the front end's filterbank
+    weights = report["functions"]["ctc"]["weights"]
+    # Every other constant MatMul weight is quantized: named <float name>_quantized.
+    assert sorted(w.removesuffix("_quantized") for w in weights) == sorted(
+        set(matmul_weights) - set(mel)
+    )
+    q_consts = {
+        t.name: numpy_helper.to_array(t)
+        for t in onnx.load(str(d / "ctc.int8.onnx")).graph.initializer
+    }
+    for name, entry in weights.items():
+        w = consts[name.removesuffix("_quantized")]
+        scale = np.asarray(entry["scale"])
+        assert entry["dtype"] == "int8" and entry["axis"] == 1 and scale.shape == (w.shape[1],)
+        assert not np.any(entry["zero_point"])
+        # numpy reference: symmetric per output column, max |w| -> 127
+        np.testing.assert_allclose(scale, np.abs(w).max(0) / 127.0, rtol=1e-5)
+        q = q_consts[name]
+        assert q.dtype == np.int8
+        np.testing.assert_array_equal(q, np.clip(np.round(w / scale), -127, 127))
+    acts = report["functions"]["ctc"]["activations"]
+    assert acts and all(e["dtype"] == "uint8" and np.ndim(e["scale"]) == 0 for e in acts.values())
+
+
+def test_int8_outputs_follow_float_and_percentile_clips_ranges(quantized):
+    import onnxruntime as ort
+
+    where, described, out, _ = quantized
+    audio, lengths = _audio(2, 24000, 7)
+    sess = lambda p: ort.InferenceSession(str(p))
+    want = sess(where / "ctc.onnx").run(None, {"audio": audio, "audio_len": lengths})[0]
+    probs = np.exp(want)
+    for method, (d, _, _) in out.items():
+        got = sess(d / "ctc.int8.onnx").run(None, {"audio": audio, "audio_len": lengths})[0]
+        # Total variation between the frame distributions stays small.
+        tv = 0.5 * np.abs(np.exp(got) - probs).sum(-1)
+        assert tv.mean() < 0.05, (method, tv.mean())
+    minmax = out["minmax"][2]["functions"]["encoder"]["activations"]
+    pct = out["percentile"][2]["functions"]["encoder"]["activations"]
+    assert minmax.keys() == pct.keys()
+    ratio = np.array([pct[k]["scale"] / minmax[k]["scale"] for k in minmax])
+    assert np.all(ratio <= 1 + 1e-6) and np.any(ratio < 0.9)  # the 99th percentile clips
+
+
+def test_runtime_transcriber_runs_the_transducer_pieces(quantized, tmp_path):
+    """examples/transcribe_onnx.py's greedy transducer search over the ONNX pieces = the
+    evaluator's `rnnt_greedy`, and its CTC path = the CTC greedy ids."""
+    import importlib.util
+
+    from jaxspeech.data.tokenizer import Tokenizer
+
+    where, described, _, (graphdef, params, stats, config) = quantized
+    spec = importlib.util.spec_from_file_location("transcribe_onnx", TRANSCRIBER)
+    transcriber = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(transcriber)
+    Tokenizer(kind="char", vocab=["<blank>", "<unk>", *"abcdefghij"]).save(str(where / "tokenizer"))
+    max_symbols = int(config.decoding.max_symbols_per_frame)
+    manifest = {
+        "format": "onnx",
+        "functions": {k: v for k, v in described.items() if k != "ctc"},
+        "audio": {"sample_rate": RATE, "min_samples": 1600},
+        "run": {"decoding": {"max_symbols_per_frame": max_symbols}},
+        "tokenizer": {"dir": "tokenizer"},
+    }
+    (where / "manifest.json").write_text(json.dumps(manifest))
+    artifact = transcriber.Artifact(str(where))
+    model = nnx.merge(graphdef, params, stats)
+    audio, lengths = _audio(3, 20000, 11)
+    enc, enc_len = model(jnp.asarray(audio), jnp.asarray(lengths), train=False)
+    pred_init, pred_step, joint = model.transducer.decoder_fns()
+    tokens, num = rnnt_decoding.rnnt_greedy(
+        model.transducer.joiner.enc_proj(enc), enc_len, pred_init, pred_step, joint,
+        blank_id=0, max_symbols_per_frame=max_symbols,
+    )  # fmt: skip
+    want = rnnt_decoding.to_lists(np.asarray(tokens), np.asarray(num))
+    got = [artifact.transcribe_ids(a[:n]) for a, n in zip(audio, lengths, strict=True)]
+    assert got == want
+    manifest["functions"] = described
+    (where / "manifest.json").write_text(json.dumps(manifest))
+    ctc = transcriber.Artifact(str(where))
+    ids = ctc_decoding.collapse(
+        np.asarray(ctc_decoding.greedy_ids(model.ctc_logits(enc))), np.asarray(enc_len)
+    )
+    assert [ctc.transcribe_ids(a[:n]) for a, n in zip(audio, lengths, strict=True)] == ids

@@ -39,9 +39,19 @@ class LogMelConfig:
         return dataclasses.asdict(self) | {"window": "hann", "center": True}
 
 
+def floor_div(n, d):
+    """n // d; on a JAX integer array without `lax.rem` (jnp's `//` on signed integers
+    corrects the truncating division with a remainder, which jax2onnx 0.17.1 cannot lower
+    with a symbolic batch): truncate, then step down where n < 0 and d does not divide n."""
+    if not isinstance(n, jax.Array):
+        return n // d
+    q = jax.lax.div(n, jnp.asarray(d, n.dtype))
+    return q - ((n < 0) & (q * d != n)).astype(n.dtype)
+
+
 def num_frames(num_samples: jax.Array | int, hop_length: int) -> jax.Array | int:
     """Frames of a centred STFT of `num_samples` samples: 1 + S // hop (librosa, center=True)."""
-    return 1 + num_samples // hop_length
+    return 1 + floor_div(num_samples, hop_length)
 
 
 @functools.lru_cache(maxsize=16)
@@ -92,6 +102,17 @@ def _frames_of_blocks(blocks_bng: jax.Array, t: int, hop_blocks: int, win_blocks
     )
 
 
+@functools.lru_cache(maxsize=16)
+def _dft_matrix(cfg: LogMelConfig) -> np.ndarray:
+    """(win_length, 2 * (n_fft // 2 + 1)) float32: the windowed real DFT of a frame's
+    support zero-padded to n_fft, as [cos | -sin] columns (computed in float64)."""
+    n = np.arange(cfg.win_length)[:, None]
+    k = np.arange(cfg.n_fft // 2 + 1)[None, :]
+    ang = 2.0 * np.pi * ((n * k) % cfg.n_fft) / cfg.n_fft  # exact phase, no large arguments
+    w = _window(cfg.win_length).astype(np.float64)[:, None]
+    return np.concatenate([w * np.cos(ang), -w * np.sin(ang)], axis=1).astype(np.float32)
+
+
 def log_mel_of_frames(frames_btw: jax.Array, cfg: LogMelConfig) -> jax.Array:
     """(B, T, win_length) frames under the window's support -> (B, T, F) log-mel.
 
@@ -102,6 +123,13 @@ def log_mel_of_frames(frames_btw: jax.Array, cfg: LogMelConfig) -> jax.Array:
     spec = jnp.fft.rfft(frames_btw * _window(cfg.win_length), n=cfg.n_fft, axis=-1)
     power = jnp.real(spec) ** 2 + jnp.imag(spec) ** 2
     mel = jnp.einsum("btf,fm->btm", power, mel_filterbank(cfg), precision="highest")
+    return jnp.log(mel + cfg.log_floor)
+
+
+def _log_mel_of_spectrum(spec_btk: jax.Array, cfg: LogMelConfig) -> jax.Array:
+    """(B, T, 2K) [real | imaginary] spectrum (`_dft_matrix`'s columns) -> (B, T, F) log-mel."""
+    re, im = jnp.split(spec_btk, 2, axis=-1)
+    mel = jnp.einsum("btf,fm->btm", re**2 + im**2, mel_filterbank(cfg), precision="highest")
     return jnp.log(mel + cfg.log_floor)
 
 
@@ -143,9 +171,24 @@ def log_mel(audio_bs: jax.Array, cfg: LogMelConfig = LogMelConfig()) -> jax.Arra
     audio_bs = audio_bs.astype(jnp.float32)
     b, s = audio_bs.shape
     blockable = cfg.win_length // math.gcd(cfg.hop_length, cfg.win_length) <= 32
-    if not (isinstance(b, int) and isinstance(s, int) and blockable):
-        # Symbolic shapes (jax.export) or a hop/window without a usable common block:
-        # gather the frames (n_fft wide) and keep their window's support.
+    if not (isinstance(b, int) and isinstance(s, int)):
+        # Symbolic shapes (an exported model): framing + windowed DFT as one strided
+        # convolution with constant padding (ONNX Conv). No gather (jax2onnx's gather
+        # lowering breaks on constrained symbolic dims), no FFT (jax2onnx cannot lower an
+        # RFFT with a symbolic batch), no symbolic pad widths (ONNX Pad needs constants).
+        left = cfg.n_fft // 2 - (cfg.n_fft - cfg.win_length) // 2  # as _log_mel_chunked
+        spec = jax.lax.conv_general_dilated(
+            audio_bs[..., None],
+            _dft_matrix(cfg)[:, None, :],
+            window_strides=(cfg.hop_length,),
+            padding=[(left, cfg.win_length - left)],  # T = 1 + S // hop frames
+            dimension_numbers=("NWC", "WIO", "NWC"),
+            precision="highest",
+        )
+        return _log_mel_of_spectrum(spec, cfg)
+    if not blockable:
+        # A hop/window without a usable common block: gather the frames (n_fft wide)
+        # and keep their window's support.
         lpad = (cfg.n_fft - cfg.win_length) // 2
         frames = frame_signal(audio_bs, cfg.n_fft, cfg.hop_length)
         return log_mel_of_frames(frames[..., lpad : lpad + cfg.win_length], cfg)

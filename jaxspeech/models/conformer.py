@@ -20,7 +20,15 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
-from jaxspeech.models.layers import ConvModule, Dtype, FeedForward, LayerNorm, RelPositionAttention
+from jaxspeech.audio.features import floor_div
+from jaxspeech.models.layers import (
+    ConvModule,
+    Dropout,
+    Dtype,
+    FeedForward,
+    LayerNorm,
+    RelPositionAttention,
+)
 from jaxspeech.models.subsampling import Conv2dSubsampling, subsampled_length
 from jaxspeech.parallel.rules import constrain
 
@@ -36,7 +44,7 @@ REMAT_POLICIES = {
 
 def length_mask(lengths_b: jax.Array, t: int) -> jax.Array:
     """(B,) lengths -> (B, T) bool, True on valid frames."""
-    return jnp.arange(t)[None, :] < lengths_b[:, None]
+    return jax.lax.broadcasted_iota(jnp.int32, (1, t), 1) < lengths_b[:, None]
 
 
 def chunk_attention_mask(t: int, chunk_size: int | jax.Array, left_chunks: int) -> jax.Array:
@@ -44,7 +52,7 @@ def chunk_attention_mask(t: int, chunk_size: int | jax.Array, left_chunks: int) 
 
     chunk(j) <= chunk(i), and chunk(j) >= chunk(i) - left_chunks when left_chunks >= 0.
     """
-    chunk_t = jax.lax.broadcasted_iota(jnp.int32, (t,), 0) // chunk_size
+    chunk_t = floor_div(jax.lax.broadcasted_iota(jnp.int32, (t,), 0), chunk_size)
     q, k = chunk_t[:, None], chunk_t[None, :]
     allowed = k <= q
     if left_chunks >= 0:
@@ -179,7 +187,7 @@ class ConformerEncoder(nnx.Module):
             dtype=dtype,
             rngs=rngs,
         )
-        self.dropout = nnx.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.num_layers = num_layers
         self.scan_layers = scan_layers
         self.output_dim = dim

@@ -65,7 +65,8 @@ class Frontend(nnx.Module):
     ) -> tuple[jax.Array, jax.Array]:
         lengths = features.num_frames(audio_len_b, self.cfg.hop_length)
         # Whatever lies past a row's length must not reach its last frames' windows.
-        valid = jnp.arange(audio_bs.shape[1])[None, :] < audio_len_b[:, None]
+        s = audio_bs.shape[1]
+        valid = jax.lax.broadcasted_iota(jnp.int32, (1, s), 1) < audio_len_b[:, None]
         # Each device transforms its own rows (see rules.map_batch_shards: XLA would
         # otherwise gather the batch for the FFT).
         feats = map_batch_shards(
@@ -77,7 +78,7 @@ class Frontend(nnx.Module):
         if augmenting and self.freq_warp > 0:
             # Warp the raw log-mel spectrum (a physical spectrum), then normalize.
             feats = augment.freq_warp(rngs.specaug(), feats, self.freq_warp)
-        mask = jnp.arange(feats.shape[1])[None, :] < lengths[:, None]
+        mask = jax.lax.broadcasted_iota(jnp.int32, (1, feats.shape[1]), 1) < lengths[:, None]
         feats = features.normalize(feats, self.mean[...], self.std[...], mask)
         if augmenting:
             feats = augment.spec_augment(rngs.specaug(), feats, lengths, **self.specaug)

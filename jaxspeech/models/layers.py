@@ -33,6 +33,17 @@ def dense_init(fan_in_axes: int = 1) -> Callable:
     )
 
 
+class Dropout(nnx.Dropout):
+    """nnx.Dropout that returns its input untouched when deterministic, without calling
+    nnx.Dropout at all: inference traces no dropout (jax2onnx replaces nnx.Dropout.__call__
+    with a version that takes no `rngs` and emits an ONNX Dropout node)."""
+
+    def __call__(self, inputs, *, deterministic: bool | None = None, rngs=None):
+        if self.deterministic if deterministic is None else deterministic:
+            return inputs
+        return super().__call__(inputs, deterministic=deterministic, rngs=rngs)
+
+
 class Dense(nnx.Module):
     """y = x @ W + b with logical axes for W of shape (in, out)."""
 
@@ -93,7 +104,7 @@ class FeedForward(nnx.Module):
         self.norm = LayerNorm(dim, dtype=dtype, rngs=rngs)
         self.up = Dense(dim, hidden, ("embed", "mlp"), dtype=dtype, rngs=rngs)
         self.down = Dense(hidden, dim, ("mlp", "embed"), dtype=dtype, rngs=rngs)
-        self.dropout = nnx.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def __call__(
         self, x_btd: jax.Array, *, deterministic: bool, rngs: nnx.Rngs | None
@@ -127,8 +138,9 @@ def rel_shift(scores_bhtr: jax.Array) -> jax.Array:
     """
     b, h, t, r = scores_bhtr.shape
     padded = jnp.pad(scores_bhtr, ((0, 0), (0, 0), (0, 0), (1, 0)))  # (B, H, Tq, R + 1)
-    shifted = padded.reshape(b, h, r + 1, t)[:, :, 1:].reshape(b, h, t, r)
-    return shifted[..., : r - t + 1]
+    # lax.slice_in_dim, not [:, :, 1:]: with symbolic T, jnp indexing lowers to a gather.
+    shifted = jax.lax.slice_in_dim(padded.reshape(b, h, r + 1, t), 1, r + 1, axis=2)
+    return jax.lax.slice_in_dim(shifted.reshape(b, h, t, r), 0, r - t + 1, axis=3)
 
 
 class RelPositionAttention(nnx.Module):
@@ -156,7 +168,7 @@ class RelPositionAttention(nnx.Module):
         self.pos_bias_u = nnx.Param(bias(rngs.params(), (num_heads, k)))
         self.pos_bias_v = nnx.Param(bias(rngs.params(), (num_heads, k)))
         self.norm = LayerNorm(dim, dtype=dtype, rngs=rngs)
-        self.dropout = nnx.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.dtype = dtype
         self.dim = dim
 
@@ -216,7 +228,7 @@ class RelPositionAttention(nnx.Module):
         dt = self.dtype
         tq, tk = q.shape[1], k.shape[1]
         # Distances Tk-1 .. -(Tq-1): for Tq = Tk this is relative_sinusoids(T).
-        dist = jnp.arange(tk - 1, -tq, -1, dtype=jnp.float32)
+        dist = (tk - 1) - jax.lax.broadcasted_iota(jnp.int32, (tk + tq - 1,), 0).astype(jnp.float32)
         p = jnp.einsum(
             "rd,dhk->rhk", distance_sinusoids(dist, self.dim).astype(dt), self.wpos[...].astype(dt)
         )
@@ -255,6 +267,20 @@ def depthwise_conv1d(
     b, t, c = x_btc.shape
     ksize = w_kc.shape[0]
     pad = ksize - 1 if causal else (ksize - 1) // 2
+    if not isinstance(t, int):
+        # A symbolic T (an exported model): the blocks' padding to a multiple of L would
+        # be a symbolic pad width, which ONNX converters (jax2onnx) cannot lower. A
+        # grouped convolution (ONNX Conv, group = C) pads by constants.
+        out = jax.lax.conv_general_dilated(
+            x_btc,
+            w_kc[:, None, :].astype(x_btc.dtype),
+            window_strides=(1,),
+            padding=[(pad, ksize - 1 - pad)],
+            dimension_numbers=("NWC", "WIO", "NWC"),
+            feature_group_count=c,
+            precision="highest",
+        )
+        return out + b_c
     # L >= K - 1 so one following block always holds the whole halo. A symbolic T (an
     # exported model's, jaxspeech.export) cannot be compared with the block: full blocks.
     short = min(block, t) if isinstance(t, int) else block
@@ -302,7 +328,7 @@ class ConvModule(nnx.Module):
         )
         self.dw_norm = LayerNorm(dim, dtype=dtype, rngs=rngs)
         self.pw2 = Dense(dim, dim, ("mlp", "embed"), dtype=dtype, rngs=rngs)
-        self.dropout = nnx.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.causal = causal
         self.dtype = dtype
 

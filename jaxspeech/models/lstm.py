@@ -19,8 +19,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxspeech.audio.features import floor_div
 from jaxspeech.models.conformer import length_mask
-from jaxspeech.models.layers import Dense, Dtype, LayerNorm, dense_init, logical_init
+from jaxspeech.models.layers import Dense, Dropout, Dtype, LayerNorm, dense_init, logical_init
 from jaxspeech.parallel.rules import constrain
 
 Carry = tuple[jax.Array, jax.Array]
@@ -146,6 +147,12 @@ class LSTMLayer(nnx.Module):
 
         # Time-major for the scan; the transposes are one copy each, outside the loop.
         xs = (jnp.swapaxes(xg, 0, 1), jnp.swapaxes(mask_bt, 0, 1))
+        if reverse and not isinstance(x_btd.shape[1], int):
+            # A symbolic T (an exported model): jax2onnx lowers no reverse scan; flip
+            # time, scan forward, flip back (the same computation).
+            xs = jax.tree.map(lambda a: jnp.flip(a, 0), xs)
+            _, ys_tbp = jax.lax.scan(body, self.init_carry(b), xs)
+            return jnp.swapaxes(jnp.flip(ys_tbp, 0), 0, 1)
         _, ys_tbp = jax.lax.scan(body, self.init_carry(b), xs, reverse=reverse)
         return jnp.swapaxes(ys_tbp, 0, 1)
 
@@ -163,9 +170,16 @@ def stack_frames(feats_btf: jax.Array, lengths_b: jax.Array, k: int) -> tuple[ja
         raise ValueError(f"stack_frames must be >= 1, got {k}")
     b, t, f = feats_btf.shape
     x = jnp.where(length_mask(lengths_b, t)[..., None], feats_btf, 0.0)
-    t_out = -(-t // k)
-    x = jnp.pad(x, ((0, 0), (0, t_out * k - t), (0, 0)))
-    return x.reshape(b, t_out, k * f), -(-lengths_b // k)
+    # (t + k - 1) // k, not -(-t // k): jax2onnx lowers a symbolic floordiv with ONNX's
+    # truncating integer Div, wrong for a negative numerator.
+    t_out = (t + k - 1) // k
+    if isinstance(t, int):
+        x = jnp.pad(x, ((0, 0), (0, t_out * k - t), (0, 0)))
+    else:
+        # A symbolic T (an exported model): pad by a constant (ONNX Pad needs constant
+        # widths), then cut to t_out * k frames.
+        x = jax.lax.slice_in_dim(jnp.pad(x, ((0, 0), (0, k - 1), (0, 0))), 0, t_out * k, axis=1)
+    return x.reshape(b, t_out, k * f), -floor_div(-lengths_b, k)
 
 
 class LSTMEncoder(nnx.Module):
@@ -221,7 +235,7 @@ class LSTMEncoder(nnx.Module):
         make = lambda d: LSTMLayer(d, hidden, proj_dim=proj_dim, dtype=dtype, rngs=rngs)
         self.fw_layers = nnx.List([make(d) for d in in_dims])
         self.bw_layers = nnx.List([make(d) for d in in_dims]) if bidirectional else None
-        self.dropout = nnx.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.norm = LayerNorm(width, dtype=dtype, rngs=rngs)
         self.out = Dense(width, self.output_dim, ("mlp", "embed"), dtype=dtype, rngs=rngs)
 

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxspeech.audio.features import floor_div
 from jaxspeech.models.layers import Dense, Dtype, dense_init, logical_init
 
 SUBSAMPLING_FACTORS = (4, 8)
@@ -19,7 +20,7 @@ SUBSAMPLING_FACTORS = (4, 8)
 
 def conv_out_length(length: jax.Array | int, kernel: int = 3, stride: int = 2) -> jax.Array | int:
     """Output length of a VALID convolution."""
-    return (length - kernel) // stride + 1
+    return floor_div(length - kernel, stride) + 1
 
 
 def subsampled_length(length: jax.Array | int, factor: int) -> jax.Array | int:
@@ -44,10 +45,14 @@ def _num_convs(factor: int) -> int:
 
 def patches_3x3_s2(x_btfc: jax.Array) -> jax.Array:
     """(B, T, F, C) -> (B, T', F', 9C) patches of a VALID 3x3 stride-2 convolution."""
-    _, t, f, _ = x_btfc.shape
+    b, t, f, c = x_btfc.shape
     t2, f2 = conv_out_length(t), conv_out_length(f)
+    # lax.slice, not x[:, i:stop:2]: with a symbolic T, jnp indexing lowers a strided
+    # slice to a gather.
     cols = [
-        x_btfc[:, i : i + 2 * (t2 - 1) + 1 : 2, j : j + 2 * (f2 - 1) + 1 : 2, :]
+        jax.lax.slice(
+            x_btfc, (0, i, j, 0), (b, i + 2 * (t2 - 1) + 1, j + 2 * (f2 - 1) + 1, c), (1, 2, 2, 1)
+        )
         for i in range(3)
         for j in range(3)
     ]

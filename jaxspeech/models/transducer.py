@@ -83,7 +83,10 @@ class StatelessPredictor(nnx.Module):
 
     def init_state(self, batch_size: int) -> jax.Array:
         """(B, K) int32: the last K labels, all blank at the start."""
-        return jnp.full((batch_size, self.context_size), self.blank_id, jnp.int32)
+        # broadcast_to, not jnp.full: an exported predictor has a symbolic batch, which
+        # the ONNX converter's jnp.full cannot take.
+        blank = jnp.asarray(self.blank_id, jnp.int32)
+        return jnp.broadcast_to(blank, (batch_size, self.context_size))
 
     def step(self, state_bk: jax.Array, tokens_b: jax.Array) -> tuple[jax.Array, jax.Array]:
         """Feed one label per row -> ((B, D) output, new state)."""

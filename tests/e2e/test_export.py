@@ -1,8 +1,13 @@
-"""`python -m jaxspeech.export` on the shared tiny run: the artifact, its manifest and its
-dev scores against `jaxspeech.evaluate`; the user's mistakes, one clear error each."""
+"""`python -m jaxspeech.export` on the shared tiny run: the StableHLO artifact, its
+manifest and its dev scores against `jaxspeech.evaluate`; the ONNX artifact with int8
+through the runtime-only transcriber (examples/transcribe_onnx.py) against the same;
+the user's mistakes, one clear error each."""
 
 import json
+import pathlib
 import shutil
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -15,7 +20,11 @@ from jaxspeech.data.tokenizer import Tokenizer, normalize_text
 from jaxspeech.decoding import ctc as ctc_decoding
 from jaxspeech.errors import UserError
 from jaxspeech.metrics.wer import ErrorCounts
+from tests.conftest import onnx_converter
 from tests.e2e.cli import run_module
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+TRANSCRIBER = str(ROOT / "examples" / "transcribe_onnx.py")
 
 
 @pytest.fixture(scope="module")
@@ -53,20 +62,19 @@ def test_manifest_describes_the_run_and_scores_like_evaluate(artifact, tiny_run)
     assert manifest["tokenizer"]["blank_id"] == tok.blank_id == 0
 
 
-def test_artifact_decodes_the_test_split_like_evaluate(artifact, tiny_run, corpus):
-    """Greedy decoding of the artifact's log-probs over every test utterance (read with
-    the project's reader, all in one padded batch) gives the evaluator's CER."""
-    out, manifest, _ = artifact
-    workdir, _ = tiny_run
-    _, shards = corpus
-    exp = jax.export.deserialize((out / manifest["functions"]["ctc"]["file"]).read_bytes())
-    tok = Tokenizer.load(str(out / "tokenizer"))
+def _test_split(shards) -> list[dict]:
     index = records.read_split_index(str(shards), "test")
     data, faults, _ = RecordReader(index.shard_paths, index.shard_num_records).read(
         range(index.num_records)
     )
     assert not faults
-    recs = [records.decode_record(d) for d in data]
+    return [records.decode_record(d) for d in data]
+
+
+def _stablehlo_texts(artifact, recs) -> list[str]:
+    out, manifest, _ = artifact
+    exp = jax.export.deserialize((out / manifest["functions"]["ctc"]["file"]).read_bytes())
+    tok = Tokenizer.load(str(out / "tokenizer"))
     # One batch of every utterance, zero-padded, with the true lengths: one compilation.
     audio = np.zeros((len(recs), max(len(r["audio"]) for r in recs)), np.float32)
     for i, r in enumerate(recs):
@@ -74,12 +82,80 @@ def test_artifact_decodes_the_test_split_like_evaluate(artifact, tiny_run, corpu
     lengths = np.array([len(r["audio"]) for r in recs], np.int32)
     logp, n = exp.call(audio, lengths)
     ids = ctc_decoding.collapse(np.argmax(np.asarray(logp), -1), np.asarray(n))
+    return [tok.decode(hyp) for hyp in ids]
+
+
+def test_artifact_decodes_the_test_split_like_evaluate(artifact, tiny_run, corpus):
+    """Greedy decoding of the artifact's log-probs over every test utterance (read with
+    the project's reader, all in one padded batch) gives the evaluator's CER."""
+    workdir, _ = tiny_run
+    _, shards = corpus
+    recs = _test_split(shards)
     counts = ErrorCounts()
-    for r, hyp in zip(recs, ids, strict=True):
-        counts.add(normalize_text(r["text"]), tok.decode(hyp))
+    for r, hyp in zip(recs, _stablehlo_texts(artifact, recs), strict=True):
+        counts.add(normalize_text(r["text"]), hyp)
     want = evaluate.evaluate_workdir(str(workdir), str(shards), "test", 8)
     assert counts.utterances == want["num_utts"]
     assert counts.cer == pytest.approx(want["cer"], abs=1e-5)
+
+
+def test_onnx_int8_export_and_the_runtime_only_transcriber(artifact, tiny_run, corpus, tmp_path):
+    """`--format onnx --int8`: the manifest and quantization.json; the transcriber, in a
+    process that imports neither jax nor jaxspeech, reads the test split as wav files and
+    prints the StableHLO artifact's greedy text for every one (float32), so the
+    evaluator's CER; int8 decodes them too."""
+    import soundfile as sf
+
+    workdir, _ = tiny_run
+    _, shards = corpus
+    out = tmp_path / "onnx"
+    run_module(
+        "jaxspeech.export", "--workdir", str(workdir), "--output", str(out), "--format", "onnx",
+        "--int8", "--calibration", f"{shards}:train", "--calibration_utts", "4",
+        "--eval_split", "", "--onnx_python", onnx_converter(),
+    )  # fmt: skip
+    manifest = json.loads((out / export.MANIFEST).read_text())
+    assert manifest["format"] == "onnx" and manifest["quantization"] == "quantization.json"
+    ctc = manifest["functions"]["ctc"]
+    assert (ctc["file"], ctc["int8_file"]) == ("ctc.onnx", "ctc.int8.onnx")
+    assert [i["shape"] for i in ctc["inputs"]] == [["b", "s"], ["b"]]
+    assert ctc["max_abs_diff_vs_jax"] < 1e-4
+    quant = json.loads((out / "quantization.json").read_text())
+    assert quant["method"] == "minmax" and quant["calibration"]["split"] == "train"
+    assert quant["calibration"]["num_utts"] == 4 and len(quant["calibration"]["id"]) == 16
+    assert quant["functions"]["ctc"]["weights"]
+    recs = _test_split(shards)
+    wavs = []
+    for i, r in enumerate(recs):
+        wavs.append(str(tmp_path / f"utt{i}.wav"))
+        sf.write(wavs[-1], np.asarray(r["audio"]), r["sample_rate"], subtype="PCM_16")
+    script = (
+        "import json, runpy, sys\n"
+        "sys.argv = sys.argv[1:]\n"
+        "try:\n"
+        "    runpy.run_path(sys.argv[0], run_name='__main__')\n"
+        "finally:\n"
+        "    mods = ('jax', 'jaxspeech', 'flax')\n"
+        "    print(json.dumps(sorted(m for m in mods if m in sys.modules)), file=sys.stderr)\n"
+    )
+    texts = {}
+    for int8 in (False, True):
+        cmd = [sys.executable, "-c", script, TRANSCRIBER, "--artifact", str(out)]
+        proc = subprocess.run(
+            cmd + ["--int8"] * int8 + wavs, capture_output=True, text=True, check=False
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert json.loads(proc.stderr.strip().splitlines()[-1]) == []
+        lines = [line.split("\t") for line in proc.stdout.strip("\n").split("\n")]
+        assert [p for p, _ in lines] == wavs
+        texts[int8] = [t for _, t in lines]
+    assert texts[False] == _stablehlo_texts(artifact, recs)
+    counts = ErrorCounts()
+    for r, hyp in zip(recs, texts[False], strict=True):
+        counts.add(normalize_text(r["text"]), hyp)
+    want = evaluate.evaluate_workdir(str(workdir), str(shards), "test", 8)
+    assert counts.cer == pytest.approx(want["cer"], abs=1e-5)
+    assert len(texts[True]) == len(recs)
 
 
 def test_user_mistakes_are_one_clear_error_each(tiny_run, corpus, tmp_path):
@@ -96,3 +172,16 @@ def test_user_mistakes_are_one_clear_error_each(tiny_run, corpus, tmp_path):
                           eval_split="no_such_split")  # fmt: skip
     with pytest.raises(UserError, match="not a jaxspeech run directory"):
         export.export_run(str(tmp_path), str(tmp_path / "d"))
+    with pytest.raises(UserError, match="--int8 needs --format onnx"):
+        export.export_run(str(workdir), str(tmp_path / "e"), int8=True)
+    with pytest.raises(UserError, match="--int8 needs --calibration DATA_DIR:SPLIT"):
+        export.export_run(str(workdir), str(tmp_path / "f"), fmt="onnx", int8=True)
+    with pytest.raises(UserError, match="calibration split: no prepared split .*no_such"):
+        export.export_run(str(workdir), str(tmp_path / "g"), fmt="onnx", int8=True,
+                          calibration=f"{shards}:no_such")  # fmt: skip
+    with pytest.raises(UserError, match="unknown calibration method 'kl'"):
+        export.export_run(str(workdir), str(tmp_path / "h"), fmt="onnx", int8=True,
+                          calibration=f"{shards}:dev", calibration_method="kl")  # fmt: skip
+    with pytest.raises(UserError, match="ONNX converter's environment is missing"):
+        export.export_run(str(workdir), str(tmp_path / "i"), fmt="onnx", eval_split="",
+                          onnx_python=str(tmp_path / "no_python"))  # fmt: skip

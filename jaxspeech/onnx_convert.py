@@ -1,0 +1,202 @@
+"""ONNX conversion, run by `jaxspeech.export --format onnx` in the converter's own
+environment (`make install-onnx`: jax2onnx cannot share the main install, see the
+Makefile): `python -m jaxspeech.onnx_convert --input STAGE --output DIR`.
+
+STAGE (written by `jaxspeech.export.stage_for_conversion`) holds `model.json` (the
+model's `build_model` arguments, the sample rate, the functions to convert) and
+`arrays.npz` (the parameters and feature statistics by path). Each function of
+`jaxspeech.models.inference` becomes `DIR/<name>.onnx`, with the same symbolic batch and
+length as the StableHLO artifact, and its parameters inside. The last stdout line is
+JSON: name -> {"file", "inputs", "outputs", "seconds"}.
+
+Imports the model code only (jax, flax, numpy, librosa), never the training stack.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+
+import jax
+import numpy as np
+from flax import nnx
+
+from jaxspeech.models import inference, model_from_arguments
+
+MODEL_JSON = "model.json"
+ARRAYS = "arrays.npz"
+
+
+def load_staged(stage: str):
+    """STAGE -> (graphdef, params, model_vars, description): the abstract model of the
+    staged arguments filled with the staged arrays, every path checked."""
+    with open(os.path.join(stage, MODEL_JSON)) as f:
+        described = json.load(f)
+    abstract = nnx.eval_shape(lambda: model_from_arguments(described["arguments"], nnx.Rngs(0)))
+    graphdef, params, model_vars = nnx.split(abstract, nnx.Param, ...)
+    with np.load(os.path.join(stage, ARRAYS)) as npz:
+        arrays = dict(npz)
+    trees = {"params": nnx.to_pure_dict(params), "model_vars": nnx.to_pure_dict(model_vars)}
+    filled = {}
+    for part, tree in trees.items():
+        want = inference.flat_arrays(tree)
+        got = {k[len(part) + 1 :]: v for k, v in arrays.items() if k.startswith(part + "/")}
+        if set(want) != set(got):
+            raise ValueError(
+                f"staged {part} do not match the model: missing {sorted(set(want) - set(got))}, "
+                f"unexpected {sorted(set(got) - set(want))}"
+            )
+        for k, a in want.items():
+            if tuple(a.shape) != got[k].shape:
+                raise ValueError(f"staged {part} {k}: shape {got[k].shape}, model {a.shape}")
+        filled[part] = inference.unflatten_like(tree, got)
+    return graphdef, filled["params"], filled["model_vars"], described
+
+
+def _einsum_operands(equation: str, w_rank: int):
+    """ "<batch><c>,<c><o>-><batch><o>" -> (batch, contracted, out) letter strings, or None
+    for any other form (the weight's contracted axes lead, A's trail, in the same order)."""
+    ins, _, out = equation.replace(" ", "").partition("->")
+    a, _, w = ins.partition(",")
+    if (
+        not out
+        or len(w) != w_rank
+        or len(set(a + w)) != len(set(a)) + len(set(w)) - sum(1 for x in set(w) if x in a)
+    ):
+        return None
+    contracted = "".join(x for x in w if x in a and x not in out)
+    n = len(contracted)
+    if not n or w[:n] != contracted or a[-n:] != contracted:
+        return None
+    batch, w_out = a[:-n], w[n:]
+    if out != batch + w_out or any(x in a for x in w_out):
+        return None
+    return batch, contracted, w_out
+
+
+def einsum_to_matmul(model) -> int:
+    """Rewrite every Einsum of an activation with a constant weight (a Dense layer; jax2onnx
+    lowers `dot_general` to Einsum) as Reshape? -> MatMul -> Reshape? on the weight as a
+    2-D matrix, in place; returns how many. The same arithmetic, but in the operator
+    that onnxruntime fuses and optimizes, and that its int8 quantization handles
+    (Einsum it leaves in float32)."""
+    from onnx import helper, numpy_helper  # the converter environment's package
+
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    nodes, added, count = [], {}, 0
+    for node in graph.node:
+        w = inits.get(node.input[1]) if node.op_type == "Einsum" else None
+        eq = next((a.s.decode() for a in node.attribute if a.name == "equation"), "")
+        parts = _einsum_operands(eq, len(w.dims)) if w is not None else None
+        if parts is None:
+            nodes.append(node)
+            continue
+        batch, contracted, w_out = parts
+        array = numpy_helper.to_array(w)
+        k = int(np.prod(array.shape[: len(contracted)]))
+        out_dims = list(array.shape[len(contracted) :])
+        name2d = f"{w.name}__2d"
+        if name2d not in added:
+            added[name2d] = numpy_helper.from_array(array.reshape(k, -1), name2d)
+        x = node.input[0]
+        if len(contracted) > 1:  # merge A's contracted axes into one
+            shape = f"{node.name}__in_shape"
+            added[shape] = numpy_helper.from_array(np.array([0] * len(batch) + [-1]), shape)
+            nodes.append(helper.make_node("Reshape", [x, shape], [f"{x}__2d"]))
+            x = f"{x}__2d"
+        if len(out_dims) == 1:
+            nodes.append(helper.make_node("MatMul", [x, name2d], list(node.output), node.name))
+        else:  # split the product's last axis into the weight's output axes
+            mm = f"{node.name}__mm"
+            shape = f"{node.name}__out_shape"
+            added[shape] = numpy_helper.from_array(np.array([0] * len(batch) + out_dims), shape)
+            nodes.append(helper.make_node("MatMul", [x, name2d], [mm], node.name))
+            nodes.append(helper.make_node("Reshape", [mm, shape], list(node.output)))
+        count += 1
+    used = {i for n in nodes for i in n.input} | _subgraph_inputs(nodes)
+    kept = [t for t in graph.initializer if t.name in used]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    del graph.initializer[:]
+    graph.initializer.extend(kept + list(added.values()))
+    return count
+
+
+def _subgraph_inputs(nodes) -> set[str]:
+    """Names read inside Loop/Scan/If bodies (outer-scope initializers stay)."""
+    names = set()
+    for n in nodes:
+        for a in n.attribute:
+            for g in [a.g] if a.HasField("g") else list(a.graphs):
+                names |= {i for m in g.node for i in m.input} | _subgraph_inputs(g.node)
+    return names
+
+
+def convert(stage: str, output: str) -> dict:
+    """Convert every staged function to DIR/<name>.onnx; returns their descriptions."""
+    from jax2onnx import to_onnx  # the converter environment's package
+
+    graphdef, params, model_vars, described = load_staged(stage)
+    fns = inference.inference_functions(graphdef, params, model_vars)
+    out = {}
+    for name in described["functions"]:
+        specs = inference.argument_specs(name, fns, described["sample_rate"])
+        inputs, outputs = inference.io_names(name, fns)
+        path = os.path.join(output, f"{name}.onnx")
+        for old in (path, path + ".data"):  # onnx appends to an existing external-data file
+            if os.path.exists(old):
+                os.remove(old)
+        t0 = time.perf_counter()
+        to_onnx(
+            fns[name],
+            inputs=list(specs),
+            input_names=inputs,
+            output_names=outputs,
+            model_name=name,
+            return_mode="file",
+            output_path=path,
+        )
+        rewritten = _rewrite_file(path)
+        out[name] = {
+            "file": os.path.basename(path),
+            "einsum_to_matmul": rewritten,
+            "inputs": inputs,
+            "outputs": outputs,
+            "seconds": round(time.perf_counter() - t0, 2),
+        }
+    return out
+
+
+def _rewrite_file(path: str) -> int:
+    """einsum_to_matmul on an ONNX file, saved back (external data past 1.5 GB, as the
+    protobuf limit is 2 GB)."""
+    import onnx  # the converter environment's package
+
+    model = onnx.load(path)
+    count = einsum_to_matmul(model)
+    big = sum(np.prod(t.dims) * 4 for t in model.graph.initializer) > 1.5e9
+    for old in (path, path + ".data"):
+        if os.path.exists(old):
+            os.remove(old)
+    onnx.save(model, path, save_as_external_data=big, location=os.path.basename(path) + ".data")
+    return count
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--input", required=True, help="Staging directory.")
+    parser.add_argument("--output", required=True, help="Directory for the .onnx files.")
+    args = parser.parse_args(argv)
+    print(json.dumps(convert(args.input, args.output)), flush=True)
+
+
+if __name__ == "__main__":
+    jax.config.update("jax_platforms", "cpu")
+    # onnx_ir warns once per untyped intermediate shape value (thousands of lines).
+    logging.getLogger("onnx_ir").setLevel(logging.ERROR)
+    sys.exit(main())
