@@ -1,25 +1,23 @@
-"""Deployment artifacts: `python -m jaxspeech.export --workdir RUN --format stablehlo --output DIR`.
+"""Deployment artifacts: `python -m jaxspeech.export --workdir RUN --format stablehlo|onnx
+--output DIR [--int8 --calibration DATA_DIR:SPLIT]`.
 
 The artifact takes 16 kHz audio: the log-mel front end and the run's feature
 normalization are inside it, with a symbolic batch `b` and length `s` (any length,
-also longer than every training bucket). What it holds depends on the head:
+also longer than every training bucket). Its functions (`jaxspeech.models.inference`)
+depend on the head: CTC models `ctc` (audio, audio_len) -> (log_probs, lengths);
+transducers `encoder`, `predictor_init`, `predictor_step` and `joiner`, so that a
+runtime can run greedy or beam search.
 
-- CTC (`ctc`, `ctc+rnnt` models): `ctc.stablehlo`: (audio f32[b, s], audio_len i32[b])
-  -> (log_probs f32[b, t, V], lengths i32[b]); a runtime takes the argmax per frame,
-  collapses repeats and drops blanks (greedy) or runs a prefix beam search.
-- Transducer (`rnnt`, `ctc+rnnt`), as separate functions so a runtime can run greedy or
-  beam search: `encoder.stablehlo` (audio, audio_len) -> (enc_proj f32[b, t, J],
-  lengths); `predictor_init.stablehlo` (tokens i32[b]) -> the predictor's state (the
-  tokens only give the batch size); `predictor_step.stablehlo` (state..., tokens i32[b])
-  -> (pred_proj f32[b, J], state...); `joiner.stablehlo` (enc_proj f32[b, J], pred_proj
-  f32[b, J]) -> log_probs f32[b, V]. Greedy search starts with one predictor step on
-  the blank, as `jaxspeech.decoding.rnnt` does.
+- stablehlo: `<name>.stablehlo`, `jax.export`'s serialization (parameters inside as
+  constants): `jax.export.deserialize(bytes).call(*arrays)` runs it with jax alone.
+- onnx: `<name>.onnx`, float32, converted by jax2onnx in the converter's own
+  environment (`make install-onnx`; `jaxspeech.onnx_convert`), each checked in
+  onnxruntime against the JAX function here. `--int8` adds `ctc.int8.onnx` /
+  `encoder.int8.onnx` (QDQ, `jaxspeech.quantize`) and `quantization.json`.
 
-Each `.stablehlo` file is `jax.export`'s serialization (parameters inside as
-constants): `jax.export.deserialize(bytes).call(*arrays)` runs it with jax alone, no
-jaxspeech code. Beside them: `manifest.json` (inputs, outputs, shapes, sample rate,
-feature settings, tokenizer, the run's step, config and parameter fingerprint, dev
-WER/CER of the exported checkpoint) and `tokenizer/` (the run's tokenizer files).
+Beside them: `manifest.json` (inputs, outputs, shapes, sample rate, feature settings,
+tokenizer, the run's step, config and parameter fingerprint, dev WER/CER of the
+exported checkpoint) and `tokenizer/` (the run's tokenizer files).
 """
 
 from __future__ import annotations
