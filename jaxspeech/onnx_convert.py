@@ -62,12 +62,8 @@ def _einsum_operands(equation: str, w_rank: int):
     for any other form (the weight's contracted axes lead, A's trail, in the same order)."""
     ins, _, out = equation.replace(" ", "").partition("->")
     a, _, w = ins.partition(",")
-    if (
-        not out
-        or len(w) != w_rank
-        or len(set(a + w)) != len(set(a)) + len(set(w)) - sum(1 for x in set(w) if x in a)
-    ):
-        return None
+    if not out or len(w) != w_rank or len(set(a)) != len(a) or len(set(w)) != len(w):
+        return None  # no explicit output, or a repeated letter (a trace or a diagonal)
     contracted = "".join(x for x in w if x in a and x not in out)
     n = len(contracted)
     if not n or w[:n] != contracted or a[-n:] != contracted:
