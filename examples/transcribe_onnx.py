@@ -1,14 +1,17 @@
 """Transcribe audio files with an exported ONNX artifact: onnxruntime, numpy, soundfile
 (and sentencepiece for a SentencePiece tokenizer); no jax, no jaxspeech.
 
-    python examples/transcribe_onnx.py --artifact DIR [--int8] [--threads N] a.wav b.flac
+    python examples/transcribe_onnx.py --artifact DIR [--int8] [--streaming] [--threads N] a.wav
 
 DIR is `python -m jaxspeech.export --format onnx --output DIR`'s output: its
 manifest.json names the functions, the audio they take and the tokenizer. Greedy
 decoding: CTC (argmax per frame, repeats collapsed, blanks dropped) when the artifact
-has `ctc`, else the transducer's (the encoder once; then per frame, the joiner on the
-last emitted token's predictor output until it picks the blank, at most
-`max_symbols_per_frame` tokens per frame). Prints `path<TAB>text` per file.
+has `ctc`, else the transducer's (per frame, the joiner on the last emitted token's
+predictor output until it picks the blank, at most `max_symbols_per_frame` tokens per
+frame). `--streaming` (a streaming model's artifact) feeds the audio through the stream
+functions a chunk at a time, as a live recognizer would, decoding each chunk's frames
+as they come (`--partial` prints the text so far after every chunk, on stderr); the
+text is the same as the whole-utterance decoding's. Prints `path<TAB>text` per file.
 """
 
 from __future__ import annotations
@@ -68,35 +71,91 @@ class Artifact:
 
     def transcribe_ids(self, audio: np.ndarray) -> list[int]:
         """One utterance's greedy token ids."""
-        padded = np.zeros((1, max(len(audio), self.min_samples)), np.float32)
-        padded[0, : len(audio)] = audio  # shorter audio: zeros past its true length
+        padded = _padded(audio, max(len(audio), self.min_samples))
         length = np.array([len(audio)], np.int32)
-        if "ctc" in self.sessions:
-            log_probs, n = self.run("ctc", padded, length)
-            best = np.argmax(log_probs[0, : int(n[0])], axis=-1)
-            keep = np.ones(len(best), bool)
-            keep[1:] = best[1:] != best[:-1]
-            return [int(i) for i in best[keep] if i != BLANK]
-        return self._transducer_greedy(padded, length)
+        decoder = self.decoder()
+        name = "ctc" if "ctc" in self.sessions else "encoder"
+        frames, n = self.run(name, padded, length)
+        return decoder(frames[0, : int(n[0])])
 
-    def _transducer_greedy(self, padded: np.ndarray, length: np.ndarray) -> list[int]:
-        enc, n = self.run("encoder", padded, length)
+    def decoder(self):
+        """A greedy decoder that takes the frames a chunk at a time ((T, V) CTC log-probs,
+        else (T, J) encoder projections) and returns all tokens so far after each."""
+        tokens: list[int] = []
+        if "ctc" in self.sessions:
+            last = [BLANK]
+
+            def ctc(frames: np.ndarray) -> list[int]:
+                for k in np.argmax(frames, axis=-1).tolist():
+                    if k != last[0] and k != BLANK:
+                        tokens.append(k)
+                    last[0] = k
+                return list(tokens)
+
+            return ctc
         blank = np.array([BLANK], np.int32)
         state = self.run("predictor_init", blank)
-        pred, *state = self.run("predictor_step", *state, blank)
-        tokens = []
-        for t in range(int(n[0])):
-            for _ in range(self.max_symbols):
-                (log_probs,) = self.run("joiner", enc[:, t], pred)
-                k = int(np.argmax(log_probs[0]))
-                if k == BLANK:
-                    break
-                tokens.append(k)
-                pred, *state = self.run("predictor_step", *state, np.array([k], np.int32))
-        return tokens
+        pred_state = self.run("predictor_step", *state, blank)  # [pred, *state]
 
-    def transcribe(self, audio: np.ndarray) -> str:
+        def transducer(frames: np.ndarray) -> list[int]:
+            for frame in frames:
+                for _ in range(self.max_symbols):
+                    (log_probs,) = self.run("joiner", frame[None], pred_state[0])
+                    k = int(np.argmax(log_probs[0]))
+                    if k == BLANK:
+                        break
+                    tokens.append(k)
+                    step = self.run("predictor_step", *pred_state[1:], np.array([k], np.int32))
+                    pred_state[:] = step
+            return list(tokens)
+
+        return transducer
+
+    def stream_ids(self, audio: np.ndarray, on_partial=None) -> list[int]:
+        """One utterance through the stream functions, a chunk at a time (see the
+        manifest's "streaming"); `on_partial(ids)` after every chunk."""
+        info = self.manifest.get("streaming")
+        if not info:
+            raise ValueError("this artifact's model does not stream (no stream functions)")
+        first, step = int(info["first_samples"]), int(info["step_samples"])
+        which = 0 if "ctc" in self.sessions else info["outputs"].index("enc_proj")
+        n_out = len(info["outputs"]) + 1  # the heads' outputs and valid, then the state
+        decoder, ids = self.decoder(), []
+
+        def emit(out):
+            nonlocal ids
+            frames, valid = out[which][0], out[n_out - 1][0]
+            ids = decoder(frames[valid])
+            if on_partial is not None:
+                on_partial(ids)
+
+        if len(audio) <= first:  # ends within the first chunk
+            length = np.array([len(audio)], np.int32)
+            emit(self.run("stream_flush_first", _padded(audio, first), length))
+            return ids
+        out = self.run("stream_first", _padded(audio[:first], first))
+        emit(out)
+        pos = first
+        while len(audio) - pos >= step:
+            out = self.run("stream_step", *out[n_out:], _padded(audio[pos : pos + step], step))
+            emit(out)
+            pos += step
+        length = np.array([len(audio) - pos], np.int32)
+        emit(self.run("stream_flush", *out[n_out:], _padded(audio[pos:], step), length))
+        return ids
+
+    def transcribe(self, audio: np.ndarray, *, streaming: bool = False, on_partial=None) -> str:
+        if streaming:
+            partial = None if on_partial is None else lambda ids: on_partial(self.decode_ids(ids))
+            return self.decode_ids(self.stream_ids(audio, partial))
         return self.decode_ids(self.transcribe_ids(audio))
+
+
+def _padded(audio: np.ndarray, n: int) -> np.ndarray:
+    """(1, n) float32: the audio, then zeros (past its true length, which goes alongside)."""
+    out = np.zeros((1, n), np.float32)
+    out[0, : len(audio)] = audio
+    return out
 
 
 def load_tokenizer(directory: str):
@@ -117,11 +176,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--artifact", required=True, help="Directory written by the export.")
     parser.add_argument("--int8", action="store_true", help="Use the int8 functions.")
     parser.add_argument("--threads", type=int, default=1, help="onnxruntime intra-op threads.")
+    parser.add_argument(
+        "--streaming", action="store_true", help="Decode chunk by chunk (a streaming model)."
+    )
+    parser.add_argument(
+        "--partial", action="store_true", help="With --streaming: the text after each chunk."
+    )
     parser.add_argument("files", nargs="+", help="Audio files (wav, flac, ...).")
     args = parser.parse_args(argv)
+    if args.partial and not args.streaming:
+        parser.error("--partial needs --streaming")
     artifact = Artifact(args.artifact, int8=args.int8, threads=args.threads)
+    if args.streaming and not artifact.manifest.get("streaming"):
+        parser.error(f"{args.artifact}: the model does not stream (export a causal, chunked one)")
     for path in args.files:
-        print(f"{path}\t{artifact.transcribe(artifact.read(path))}", flush=True)
+
+        def partial(text: str, path: str = path) -> None:
+            print(f"{path}\t... {text}", file=sys.stderr, flush=True)
+
+        audio = artifact.read(path)
+        text = artifact.transcribe(
+            audio, streaming=args.streaming, on_partial=partial if args.partial else None
+        )
+        print(f"{path}\t{text}", flush=True)
     return 0
 
 

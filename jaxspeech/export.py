@@ -6,7 +6,10 @@ normalization are inside it, with a symbolic batch `b` and length `s` (any lengt
 also longer than every training bucket). Its functions (`jaxspeech.models.inference`)
 depend on the head: CTC models `ctc` (audio, audio_len) -> (log_probs, lengths);
 transducers `encoder`, `predictor_init`, `predictor_step` and `joiner`, so that a
-runtime can run greedy or beam search.
+runtime can run greedy or beam search. Streaming encoders (causal, chunk_size > 0)
+add `stream_first`, `stream_step`, `stream_flush` and `stream_flush_first`: fixed-size
+audio chunks in, C frames of the heads' outputs out, the state as named inputs and
+outputs (the manifest's "streaming" says how to drive them).
 
 - stablehlo: `<name>.stablehlo`, `jax.export`'s serialization (parameters inside as
   constants): `jax.export.deserialize(bytes).call(*arrays)` runs it with jax alone.
@@ -22,6 +25,7 @@ exported checkpoint) and `tokenizer/` (the run's tokenizer files).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
@@ -95,13 +99,25 @@ def default_onnx_python() -> str:
 
 
 def stage_for_conversion(
-    arguments: dict, params: dict, model_vars: dict, sample_rate: int, names, stage: str
+    arguments: dict,
+    params: dict,
+    model_vars: dict,
+    sample_rate: int,
+    names,
+    stage: str,
+    stream_history: int | None = None,
 ) -> None:
     """Write what `jaxspeech.onnx_convert` reads: the model's arguments and its arrays."""
     from jaxspeech import onnx_convert  # noqa: PLC0415 (file names only; no jax2onnx)
 
+    described = {
+        "arguments": arguments,
+        "sample_rate": sample_rate,
+        "functions": list(names),
+        "stream_history": stream_history,
+    }
     with open(os.path.join(stage, onnx_convert.MODEL_JSON), "w") as f:
-        json.dump({"arguments": arguments, "sample_rate": sample_rate, "functions": list(names)}, f)
+        json.dump(described, f)
     arrays = {}
     for part, tree in (("params", params), ("model_vars", model_vars)):
         for k, v in inference.flat_arrays(jax.device_get(tree)).items():
@@ -138,6 +154,8 @@ def check_inputs(name: str, fns: dict[str, Callable], sample_rate: int, seed: in
         audio = (0.1 * rng.standard_normal((2, s))).astype(np.float32)
         audio[1, lengths[1] :] = 0.0
         return {"audio": audio, "audio_len": lengths}
+    if name in inference.STREAM_FUNCTIONS:
+        return _stream_check_inputs(name, fns, rng)
     tokens = np.array([1, 2, 3], np.int32)
     if name == "predictor_init":
         return {"tokens": tokens}
@@ -151,6 +169,25 @@ def check_inputs(name: str, fns: dict[str, Callable], sample_rate: int, seed: in
     }
 
 
+def _stream_check_inputs(name: str, fns: dict[str, Callable], rng) -> dict:
+    """A stream function's inputs: 2 streams of noise, the state after a first step (run
+    in JAX), and for the flushes lengths short of and equal to the call's size."""
+    info = fns[name].stream
+    inputs, _ = inference.io_names(name, fns)
+    first = (0.1 * rng.standard_normal((2, info.first_samples))).astype(np.float32)
+    if name == "stream_first":
+        arrays = [first]
+    elif name == "stream_flush_first":
+        arrays = [first, np.array([info.first_samples // 3, info.first_samples], np.int32)]
+    else:
+        state = jax.jit(fns["stream_first"])(first)[len(info.outputs) + 1 :]
+        audio = (0.1 * rng.standard_normal((2, info.step_samples))).astype(np.float32)
+        arrays = [*(np.asarray(x) for x in state), audio]
+        if name == "stream_flush":
+            arrays.append(np.array([info.step_samples // 3, info.step_samples], np.int32))
+    return dict(zip(inputs, arrays, strict=True))
+
+
 def export_onnx(
     arguments: dict,
     params: dict,
@@ -158,6 +195,7 @@ def export_onnx(
     sample_rate: int,
     output: str,
     onnx_python: str,
+    stream_history: int | None = None,
 ) -> dict:
     """Write <name>.onnx for every function (converted in the converter's environment),
     each run in onnxruntime against the JAX function; returns the manifest's "functions".
@@ -171,9 +209,9 @@ def export_onnx(
     arguments, params = inference.unscanned(dict(arguments, dtype=ONNX_DTYPE), params)
     abstract = nnx.eval_shape(lambda: models.model_from_arguments(arguments, nnx.Rngs(0)))
     graphdef = nnx.graphdef(abstract)
-    fns = inference_functions(graphdef, params, model_vars)
+    fns = inference_functions(graphdef, params, model_vars, stream_history=stream_history)
     with tempfile.TemporaryDirectory(dir=output, prefix=".stage-") as stage:
-        stage_for_conversion(arguments, params, model_vars, sample_rate, fns, stage)
+        stage_for_conversion(arguments, params, model_vars, sample_rate, fns, stage, stream_history)
         report = run_converter(stage, output, onnx_python)
     described = {}
     for name, fn in fns.items():
@@ -202,7 +240,12 @@ def export_onnx(
 
 def _describe_onnx(args) -> list[dict]:
     """onnxruntime's NodeArgs as the manifest's {"name", "shape", "dtype"}."""
-    dtypes = {"tensor(float)": "float32", "tensor(int32)": "int32", "tensor(int64)": "int64"}
+    dtypes = {
+        "tensor(float)": "float32",
+        "tensor(int32)": "int32",
+        "tensor(int64)": "int64",
+        "tensor(bool)": "bool",
+    }
     return [
         {"name": a.name, "shape": [str(d) for d in a.shape], "dtype": dtypes.get(a.type, a.type)}
         for a in args
@@ -224,6 +267,7 @@ def export_run(
     calibration_utts: int = 64,
     calibration_method: str = "minmax",
     calibration_percentile: float = quantize.DEFAULT_PERCENTILE,
+    stream_history: int | None = None,
 ) -> dict:
     """Export RUN's checkpoint (latest unless `step`) to `output`; returns the manifest.
 
@@ -231,7 +275,9 @@ def export_run(
     exported checkpoint and recorded in the manifest. `onnx_python`: the converter's
     interpreter for `fmt="onnx"` (default `default_onnx_python()`). `int8` (ONNX only)
     adds int8 QDQ versions of the audio functions calibrated on `calibration_utts`
-    utterances of `calibration` ("DATA_DIR:SPLIT"), and quantization.json.
+    utterances of `calibration` ("DATA_DIR:SPLIT"), and quantization.json. A streaming
+    encoder also gets the stream functions; `stream_history` is their attention cache
+    (encoder frames) where the model's left context is unlimited (`left_chunks < 0`).
 
     Raises:
       UserError: not a run, no checkpoint, an unknown format, a split that is not prepared.
@@ -247,6 +293,7 @@ def export_run(
     try:
         calib = read_calibration(calibration, calibration_utts) if int8 else None
         config = state_lib.load_run_config(workdir)
+        check_stream_history(config, stream_history)
         with rules.axis_rules(state_lib.rules_from_config(config)):
             one = state_lib.mesh_from_config(_single_device(config), devices=jax.devices()[:1])
             run = state_lib.load_run(workdir, step=step, mesh=one)
@@ -261,6 +308,9 @@ def export_run(
         raise UserError(str(e)) from e
     os.makedirs(output, exist_ok=True)
     sample_rate = int(config.features.sample_rate)
+    fns = inference_functions(
+        run.spec.graphdef, run.params, run.model_vars, stream_history=stream_history
+    )
     if fmt == "onnx":
         arguments = state_lib.model_arguments(config, run.tokenizer.vocab_size)
         functions = export_onnx(
@@ -270,9 +320,9 @@ def export_run(
             sample_rate,
             output,
             onnx_python or default_onnx_python(),
+            stream_history,
         )
     else:
-        fns = inference_functions(run.spec.graphdef, run.params, run.model_vars)
         functions = export_stablehlo(fns, sample_rate, output)
     if calib is not None:
         utterances, calibration_set = calib
@@ -322,10 +372,57 @@ def export_run(
         },
         "eval": scores,
         "quantization": quantize.QUANTIZATION_JSON if calib is not None else None,
+        "streaming": stream_section(fns, sample_rate),
     }
     with open(os.path.join(output, MANIFEST), "w") as f:
         json.dump(manifest, f, indent=1, default=str)
     return manifest
+
+
+def stream_section(fns: dict[str, Callable], sample_rate: int) -> dict | None:
+    """The manifest's "streaming": how a runtime drives the stream functions (None for a
+    model that does not stream)."""
+    if "stream_first" not in fns:
+        return None
+    info = fns["stream_first"].stream
+    return dataclasses.asdict(info) | {
+        "frame_seconds": info.frame_samples / sample_rate,
+        "step_seconds": info.step_samples / sample_rate,
+        "usage": (
+            "stream_first on the first first_samples of every stream, then stream_step on "
+            "each next step_samples, feeding each call's next.<name> outputs back as <name>; "
+            "stream_flush ends the streams with their last 0..step_samples samples "
+            "(zero-padded to step_samples, audio_len the real count); a stream shorter than "
+            "first_samples is stream_flush_first alone. Keep the frames where valid is true: "
+            "together they are the full model's output frames."
+        ),
+    }
+
+
+def check_stream_history(config, stream_history: int | None) -> None:
+    """`--stream_history` is the attention cache of a streaming encoder with unlimited left
+    context, and only that: one clear error for every other combination.
+
+    Raises:
+      UserError: it is missing where needed, negative, or given where it means nothing.
+    """
+    enc = config.model[config.model.encoder] if config.model.encoder in config.model else {}
+    streaming = bool(enc.get("causal", False)) and int(enc.get("chunk_size", 0)) > 0
+    unlimited = streaming and int(enc.get("left_chunks", 0)) < 0
+    if stream_history is None and unlimited:
+        raise UserError(
+            "this run's encoder streams with unlimited left context (left_chunks < 0): pass "
+            "--stream_history N, the encoder frames its attention cache keeps (a multiple "
+            "of chunk_size C streams exactly as left_chunks = N / C)"
+        )
+    if stream_history is not None and not unlimited:
+        why = "left_chunks * chunk_size" if streaming else "it does not stream"
+        raise UserError(
+            f"--stream_history applies to streaming encoders with left_chunks < 0 only; "
+            f"this run's cache is fixed ({why})"
+        )
+    if stream_history is not None and stream_history < 0:
+        raise UserError(f"--stream_history must be >= 0, got {stream_history}")
 
 
 def read_calibration(spec: str | None, n: int) -> tuple[list[np.ndarray], dict]:
@@ -389,6 +486,7 @@ def main(argv: list[str]) -> None:
             calibration_utts=FLAGS.calibration_utts,
             calibration_method=FLAGS.calibration_method,
             calibration_percentile=FLAGS.calibration_percentile,
+            stream_history=FLAGS.stream_history,
         )
         files = ", ".join(
             ", ".join(f[k] for k in ("file", "int8_file") if k in f)
@@ -437,6 +535,12 @@ if __name__ == "__main__":
         "calibration_percentile",
         quantize.DEFAULT_PERCENTILE,
         "Percentile of |activation| kept by the percentile method.",
+    )
+    flags.DEFINE_integer(
+        "stream_history",
+        None,
+        "Streaming encoders with unlimited left context (left_chunks < 0): encoder frames "
+        "of attention cache in the exported stream functions.",
     )
     logging.set_verbosity(logging.WARNING)
     app.run(main, flags_parser=cli.parse_flags)

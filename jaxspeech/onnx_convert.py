@@ -138,7 +138,9 @@ def convert(stage: str, output: str) -> dict:
     from jax2onnx import to_onnx  # the converter environment's package
 
     graphdef, params, model_vars, described = load_staged(stage)
-    fns = inference.inference_functions(graphdef, params, model_vars)
+    fns = inference.inference_functions(
+        graphdef, params, model_vars, stream_history=described.get("stream_history")
+    )
     out = {}
     for name in described["functions"]:
         specs = inference.argument_specs(name, fns, described["sample_rate"])

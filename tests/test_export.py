@@ -1,8 +1,9 @@
 """jaxspeech.export's functions against the training code, in process: the StableHLO and
-the ONNX (onnxruntime) artifacts of a CTC+transducer model at two (B, S), one longer
-than every training bucket; a greedy RNN-T search written here over the exported
-pieces against `jaxspeech.decoding.rnnt.rnnt_greedy`; reloading the StableHLO with jax
-alone in a fresh process; the ONNX graph rewrite and the int8 quantization."""
+the ONNX (onnxruntime) artifacts of a streaming CTC+transducer model at two (B, S), one
+longer than every training bucket; a greedy RNN-T search written here over the exported
+pieces against `jaxspeech.decoding.rnnt.rnnt_greedy`; the stream functions chunk by
+chunk against the whole utterance; reloading the StableHLO with jax alone in a fresh
+process; the ONNX graph rewrite and the int8 quantization (of a full-context model)."""
 
 import json
 import os
@@ -30,11 +31,17 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 TRANSCRIBER = str(ROOT / "examples" / "transcribe_onnx.py")
 
 
-def _model(variant: str):
+CHUNK, LEFT_CHUNKS = 4, 2  # the streaming model's encoder frames per step, chunks cached
+
+
+def _model(variant: str, *, streaming: bool = False):
     """A tiny model of configs/demo.py:tiny with `variant`'s head, seeded weights and
     non-trivial feature statistics: (graphdef, params, model_vars, config)."""
     config = demo.get_config("tiny")
     config.model.head = {"ctc": "ctc", "ctc_rnnt": "ctc+rnnt"}[variant]
+    if streaming:
+        conformer = config.model.conformer
+        conformer.causal, conformer.chunk_size, conformer.left_chunks = True, CHUNK, LEFT_CHUNKS
     model = state_lib.make_model(config, VOCAB, 3)
     graphdef, params, model_vars = nnx.split(model, nnx.Param, ...)
     f = config.features.num_mel_bins
@@ -81,18 +88,19 @@ def _loader(fmt: str, where, described: dict) -> dict:
 
 @pytest.fixture(scope="module", params=["stablehlo", "onnx"])
 def exported(request, tmp_path_factory):
-    """A CTC + transducer model (every exported function; converted once per format for
-    the module): (model parts, loaded functions, manifest "functions", directory, format)."""
-    graphdef, params, stats, config = _model("ctc_rnnt")
+    """A streaming CTC + transducer model (every exported function; converted once per
+    format for the module): (model parts, loaded functions, manifest "functions",
+    directory, format, the inference functions)."""
+    graphdef, params, stats, config = _model("ctc_rnnt", streaming=True)
     where = tmp_path_factory.mktemp(request.param)
+    fns = export.inference_functions(graphdef, params, stats)
     if request.param == "stablehlo":
-        fns = export.inference_functions(graphdef, params, stats)
         described = export.export_stablehlo(fns, RATE, str(where))
     else:
         arguments = state_lib.model_arguments(config, VOCAB)
         described = export.export_onnx(arguments, params, stats, RATE, str(where), onnx_converter())
     loaded = _loader(request.param, where, described)
-    return (graphdef, params, stats, config), loaded, described, where, request.param
+    return (graphdef, params, stats, config), loaded, described, where, request.param, fns
 
 
 # Two shapes: the second (9 s) is longer than the tiny config's largest bucket (8 s).
@@ -147,7 +155,10 @@ def _greedy_over_pieces(loaded, audio, lengths, blank, max_symbols):
 @pytest.mark.parametrize("b,s,seed", SHAPES)
 def test_transducer_pieces_equal_the_training_code(exported, b, s, seed):
     (graphdef, params, stats, config), loaded, described, *_ = exported
-    assert set(described) == {"ctc", "encoder", "predictor_init", "predictor_step", "joiner"}
+    assert set(described) == {
+        "ctc", "encoder", "predictor_init", "predictor_step", "joiner",
+        "stream_first", "stream_step", "stream_flush", "stream_flush_first",
+    }  # fmt: skip
     audio, lengths = _audio(b, s, seed)
     model = nnx.merge(graphdef, params, stats)
     enc, enc_len = model(jnp.asarray(audio), jnp.asarray(lengths), train=False)
@@ -181,7 +192,7 @@ def test_transducer_pieces_equal_the_training_code(exported, b, s, seed):
 def test_short_audio_is_padded_to_min_samples_by_the_runtime(exported):
     """Below the manifest's min_samples the artifact refuses the shape; zero-padded to it,
     with audio_len the true length, it decodes like the training code."""
-    (graphdef, params, stats, _), loaded, _, _, fmt = exported
+    (graphdef, params, stats, _), loaded, _, _, fmt, _ = exported
     min_samples = int(export.MIN_SECONDS * RATE)
     audio, _ = _audio(1, min_samples - 1, 0)
     if fmt == "stablehlo":  # onnxruntime does not check the bound; the manifest states it
@@ -198,12 +209,11 @@ def test_short_audio_is_padded_to_min_samples_by_the_runtime(exported):
     np.testing.assert_allclose(np.asarray(got), np.asarray(ref), atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("exported", ["stablehlo"], indirect=True)  # jax.export's own format
 def test_the_artifact_runs_with_jax_alone_in_a_fresh_process(exported):
     """Deserialized and run without jaxspeech (nor flax) imported: the program and the
     parameters are all in the file."""
-    _, loaded, described, where, fmt = exported
-    if fmt != "stablehlo":
-        pytest.skip("jax.export's own format")
+    _, loaded, described, where, fmt, _ = exported
     audio, lengths = _audio(2, 20000, 5)
     np.save(where / "audio.npy", audio)
     np.save(where / "lengths.npy", lengths)
@@ -224,6 +234,130 @@ def test_the_artifact_runs_with_jax_alone_in_a_fresh_process(exported):
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
     want = np.asarray(loaded["ctc"](audio, lengths)[0])
     np.testing.assert_allclose(np.load(where / "out.npy"), want, atol=1e-5, rtol=0)
+
+
+# ---------------------------------------------------------------- streaming
+def _stream(loaded, info, audio: np.ndarray, lengths: np.ndarray, steps: int) -> list:
+    """Streams through the exported stream functions: stream_first, `steps` stream_steps,
+    stream_flush with each stream's rest -> [(B, N, .) per output..., (B, N) valid]."""
+    n_out = len(info.outputs) + 1
+    s1, s2 = info.first_samples, info.step_samples
+    chunks = [loaded["stream_first"](audio[:, :s1])]
+    for i in range(steps):
+        state = chunks[-1][n_out:]
+        chunks.append(loaded["stream_step"](*state, audio[:, s1 + i * s2 : s1 + (i + 1) * s2]))
+    pos = s1 + steps * s2
+    rest = np.zeros((len(audio), s2), np.float32)
+    rest[:, : audio.shape[1] - pos] = audio[:, pos:]
+    last = loaded["stream_flush"](*chunks[-1][n_out:], rest, (lengths - pos).astype(np.int32))
+    chunks = [c[:n_out] for c in chunks] + [last]
+    return [np.concatenate([np.asarray(c[i]) for c in chunks], axis=1) for i in range(n_out)]
+
+
+def _full_outputs(model, audio, lengths) -> tuple[list, np.ndarray]:
+    """The whole utterances through the model: [CTC log-probs, enc_proj], frame counts."""
+    enc, enc_len = model(jnp.asarray(audio), jnp.asarray(lengths), train=False)
+    outs = [jax.nn.log_softmax(model.ctc_logits(enc), -1), model.transducer.joiner.enc_proj(enc)]
+    return [np.asarray(o) for o in outs], np.asarray(enc_len)
+
+
+def _assert_streamed_equal_full(streamed, full, full_len):
+    *outs, valid = streamed
+    for i, t in enumerate(full_len):
+        # The valid frames are exactly the full computation's frames, in order.
+        assert valid[i].sum() == t and valid[i, :t].all(), (i, valid[i], t)
+        for got, want in zip(outs, full, strict=True):
+            np.testing.assert_allclose(got[i, :t], want[i, :t], atol=1e-4, rtol=0)
+
+
+def test_stream_functions_equal_the_whole_utterance(exported):
+    """Chunk by chunk through the artifact (3 streams ending at different points of the
+    last chunk, one exactly at a step's end) = the masked full-sequence model on each
+    whole utterance; a stream shorter than the first chunk is stream_flush_first alone."""
+    (graphdef, params, stats, config), loaded, described, _, _, fns = exported
+    info = fns["stream_first"].stream
+    hop, factor = config.features.hop_length, config.model.conformer.subsampling_factor
+    # Independent of the code: 7 frames of receptive field at x4, 1 frame of STFT lag.
+    assert info.first_samples == hop * (factor * CHUNK + 7 - factor + 1)
+    assert info.step_samples == hop * factor * CHUNK
+    assert info.frames == CHUNK and info.history == LEFT_CHUNKS * CHUNK
+    assert info.outputs == ("log_probs", "enc_proj")
+    assert described["stream_step"]["inputs"][-1]["shape"] == ["b", str(info.step_samples)]
+    model = nnx.merge(graphdef, params, stats)
+    steps = 3
+    base = info.first_samples + steps * info.step_samples
+    lengths = np.array([base + 1234, base, base + info.step_samples - 1], np.int32)
+    audio, _ = _audio(3, int(lengths.max()), 3)
+    audio[np.arange(audio.shape[1])[None, :] >= lengths[:, None]] = 0.0
+    full, full_len = _full_outputs(model, audio, lengths)
+    _assert_streamed_equal_full(_stream(loaded, info, audio, lengths, steps), full, full_len)
+    # Streams that end within the first chunk (one of them exactly at its end).
+    lengths = np.array([info.first_samples // 3, info.first_samples], np.int32)
+    audio, _ = _audio(2, info.first_samples, 4)
+    audio[0, lengths[0] :] = 0.0
+    full, full_len = _full_outputs(model, audio, lengths)
+    streamed = loaded["stream_flush_first"](audio, lengths)
+    _assert_streamed_equal_full([np.asarray(x) for x in streamed], full, full_len)
+
+
+def test_stream_history_is_required_exactly_where_it_means_something():
+    config = demo.get_config("tiny")
+    export.check_stream_history(config, None)  # full context: nothing to say
+    with pytest.raises(export.UserError, match="does not stream"):
+        export.check_stream_history(config, 16)
+    conformer = config.model.conformer
+    conformer.causal, conformer.chunk_size = True, CHUNK
+    with pytest.raises(export.UserError, match="--stream_history N"):
+        export.check_stream_history(config, None)  # left_chunks -1: unlimited
+    export.check_stream_history(config, 16)
+    with pytest.raises(export.UserError, match=">= 0"):
+        export.check_stream_history(config, -1)
+    conformer.left_chunks = 2
+    with pytest.raises(export.UserError, match="left_chunks \\* chunk_size"):
+        export.check_stream_history(config, 16)
+
+
+def _transcriber():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("transcribe_onnx", TRANSCRIBER)
+    transcriber = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(transcriber)
+    return transcriber
+
+
+@pytest.mark.parametrize("exported", ["onnx"], indirect=True)  # the transcriber's format
+def test_runtime_transcriber_streams_like_it_decodes_whole_utterances(exported):
+    """examples/transcribe_onnx.py --streaming: chunk by chunk through the ONNX stream
+    functions, CTC and transducer greedy = their whole-utterance greedy, which equals
+    the training code's (the other transcriber test)."""
+    from jaxspeech.data.tokenizer import Tokenizer
+
+    _, _, described, where, _, fns = exported
+    transcriber = _transcriber()
+    Tokenizer(kind="char", vocab=["<blank>", "<unk>", *"abcdefghij"]).save(str(where / "tokenizer"))
+    manifest = {
+        "format": "onnx",
+        "audio": {"sample_rate": RATE, "min_samples": 1600},
+        "run": {"decoding": {"max_symbols_per_frame": 3}},
+        "tokenizer": {"dir": "tokenizer"},
+        "streaming": export.stream_section(fns, RATE),
+    }
+    info = fns["stream_first"].stream
+    sizes = [info.first_samples // 2, info.first_samples + 2 * info.step_samples + 999]
+    rng = np.random.default_rng(8)
+    utts = [(0.1 * rng.standard_normal(n)).astype(np.float32) for n in sizes]
+    for head in ("ctc", "rnnt"):
+        keep = {k: v for k, v in described.items() if head == "ctc" or k != "ctc"}
+        (where / "manifest.json").write_text(json.dumps(manifest | {"functions": keep}))
+        artifact = transcriber.Artifact(str(where))
+        for audio in utts:
+            partials = []
+            got = artifact.stream_ids(audio, partials.append)
+            assert got == artifact.transcribe_ids(audio), head
+            calls = 4 if len(audio) > info.first_samples else 1  # first, 2 steps, flush
+            assert partials[-1] == got and len(partials) == calls and got, (head, got)
+            assert all(p == got[: len(p)] for p in partials)  # greedy only ever appends
 
 
 # ---------------------------------------------------------------- ONNX graph and int8
@@ -373,14 +507,10 @@ def test_int8_outputs_follow_float_and_percentile_clips_ranges(quantized):
 def test_runtime_transcriber_runs_the_transducer_pieces(quantized, tmp_path):
     """examples/transcribe_onnx.py's greedy transducer search over the ONNX pieces = the
     evaluator's `rnnt_greedy`, and its CTC path = the CTC greedy ids."""
-    import importlib.util
-
     from jaxspeech.data.tokenizer import Tokenizer
 
     where, described, _, (graphdef, params, stats, config) = quantized
-    spec = importlib.util.spec_from_file_location("transcribe_onnx", TRANSCRIBER)
-    transcriber = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(transcriber)
+    transcriber = _transcriber()
     Tokenizer(kind="char", vocab=["<blank>", "<unk>", *"abcdefghij"]).save(str(where / "tokenizer"))
     max_symbols = int(config.decoding.max_symbols_per_frame)
     manifest = {

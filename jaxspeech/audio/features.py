@@ -126,6 +126,28 @@ def log_mel_of_frames(frames_btw: jax.Array, cfg: LogMelConfig) -> jax.Array:
     return jnp.log(mel + cfg.log_floor)
 
 
+def log_mel_of_windows(buf_bs: jax.Array, cfg: LogMelConfig, m: int) -> jax.Array:
+    """(B, S) samples -> (B, m, F) log-mel of the m windows (win_length samples each)
+    that start every hop from sample 0; S >= hop * (m - 1) + win_length. No centring:
+    the caller's buffer starts where the first window does (the streaming front end).
+    """
+    hop, win = cfg.hop_length, cfg.win_length
+    if isinstance(buf_bs.shape[0], int):
+        idx = hop * np.arange(m)[:, None] + np.arange(win)[None, :]
+        return log_mel_of_frames(buf_bs[:, idx], cfg)
+    # A symbolic batch (an exported stream step): the windowed DFT as one strided VALID
+    # convolution, as `log_mel` does for symbolic shapes (no gather, no FFT for jax2onnx).
+    spec = jax.lax.conv_general_dilated(
+        buf_bs[:, : hop * (m - 1) + win, None],
+        _dft_matrix(cfg)[:, None, :],
+        window_strides=(hop,),
+        padding="VALID",
+        dimension_numbers=("NWC", "WIO", "NWC"),
+        precision="highest",
+    )
+    return _log_mel_of_spectrum(spec, cfg)
+
+
 def _log_mel_of_spectrum(spec_btk: jax.Array, cfg: LogMelConfig) -> jax.Array:
     """(B, T, 2K) [real | imaginary] spectrum (`_dft_matrix`'s columns) -> (B, T, F) log-mel."""
     re, im = jnp.split(spec_btk, 2, axis=-1)

@@ -341,7 +341,8 @@ class ConformerEncoder(nnx.Module):
             which = "later" if state.started else "first"
             raise ValueError(f"the {which} stream_step call takes {expected} frames, got {n}")
         if num_frames_b is None:
-            num_frames_b = jnp.full((feats_bnf.shape[0],), n, jnp.int32)
+            # broadcast_to, not full: jax2onnx lowers jnp.full only for constant shapes
+            num_frames_b = jnp.broadcast_to(jnp.int32(n), feats_bnf.shape[:1])
         real = jax.lax.broadcasted_iota(jnp.int32, (1, n), 1) < num_frames_b[:, None]
         feats = jnp.where(real[..., None], feats_bnf.astype(jnp.float32), 0.0)
         window = jnp.concatenate([state.feats_bof, feats], axis=1) if state.started else feats

@@ -174,14 +174,12 @@ class Frontend(nnx.Module):
         need = hop * (n - 1) + win
         buf = jnp.pad(buf, ((0, 0), (0, max(0, need - buf.shape[1]))))
         feats = self._stream_feats(buf, n)[:, skip:]
-        left = 1 + (state.samples_seen + num_samples_b) // hop - state.frames_out
+        left = 1 + features.floor_div(state.samples_seen + num_samples_b, hop) - state.frames_out
         keep = jnp.arange(k)[None, :] < left[:, None]
         return jnp.where(keep[..., None], feats, 0.0), left.astype(jnp.int32)
 
     def _stream_feats(self, buf_bs: jax.Array, m: int) -> jax.Array:
         """Normalized log-mel of the m frames whose windows start every hop from buf[0]."""
-        hop, win = self.cfg.hop_length, self.cfg.win_length
-        idx = hop * jnp.arange(m)[:, None] + jnp.arange(win)[None, :]
         # The batch front end's own per-frame arithmetic, so streamed frames equal its frames.
-        feats = features.log_mel_of_frames(buf_bs[:, idx], self.cfg)
+        feats = features.log_mel_of_windows(buf_bs, self.cfg, m)
         return (feats - self.mean[...]) / self.std[...]

@@ -13,10 +13,20 @@ environment (`jaxspeech.onnx_convert`) imports it without the training stack.
   (pred_proj f32[b, J], next_state...); `joiner` (enc_proj f32[b, J], pred_proj f32[b, J])
   -> log_probs f32[b, V]. Greedy search starts with one predictor step on the blank, as
   `jaxspeech.decoding.rnnt` does.
+- Streaming encoders (`causal` Conformer with `chunk_size` C > 0) also: `stream_first`
+  (audio f32[b, S1]) -> (outputs, valid, next.<state>...); `stream_step` (<state>...,
+  audio f32[b, S2]) -> the same; `stream_flush` (<state>..., audio f32[b, S2], audio_len
+  i32[b]) -> (outputs, valid) ends the streams with their last 0..S2 samples;
+  `stream_flush_first` (audio f32[b, S1], audio_len) ends streams shorter than S1.
+  Outputs are `log_probs` (CTC) and/or `enc_proj` (transducer) of C frames per step
+  (2C per flush), `valid` bool marks the real ones; together they equal the masked
+  full-sequence outputs of the same audio (`ASRModel.stream_step`). The state is the
+  `ASRStreamState` leaves by name; the streams of a batch advance together.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import jax
@@ -27,11 +37,18 @@ from flax import nnx
 MIN_SECONDS = 0.1
 # Functions whose inputs are audio (the ones int8 calibration feeds).
 AUDIO_FUNCTIONS = ("ctc", "encoder")
+STREAM_FUNCTIONS = ("stream_first", "stream_step", "stream_flush", "stream_flush_first")
 
 
-def inference_functions(graphdef, params: dict, model_vars: dict) -> dict[str, Callable]:
+def inference_functions(
+    graphdef, params: dict, model_vars: dict, *, stream_history: int | None = None
+) -> dict[str, Callable]:
     """name -> a pure function of arrays with the parameters closed over (numpy constants,
-    so the exported program does not depend on the devices they were loaded on)."""
+    so the exported program does not depend on the devices they were loaded on).
+
+    `stream_history`: encoder frames of attention cache for a streaming encoder with
+    unlimited left context (`left_chunks < 0`; see `ConformerEncoder.init_stream`).
+    """
     params, model_vars = jax.device_get(params), jax.device_get(model_vars)
 
     def model():  # jnp constants: numpy arrays cannot be indexed by traced values
@@ -75,11 +92,122 @@ def inference_functions(graphdef, params: dict, model_vars: dict) -> dict[str, C
             "predictor_step": predictor_step,
             "joiner": joiner,
         }
+    if streamable(model()):
+        out |= _stream_functions(model, stream_history)
     return out
+
+
+def streamable(model) -> bool:
+    """Whether the model's encoder streams (a causal Conformer with chunk_size > 0)."""
+    enc = model.encoder
+    return bool(getattr(enc, "causal", False)) and getattr(enc, "chunk_size", 0) > 0
+
+
+def _head_outputs(m, enc_btd: jax.Array) -> tuple[jax.Array, ...]:
+    """Encodings -> the stream outputs of the model's heads: CTC log-probs, enc_proj."""
+    head = m.head.split("+")
+    out = ()
+    if "ctc" in head:
+        out += (jax.nn.log_softmax(m.ctc_logits(enc_btd), axis=-1),)
+    if "rnnt" in head:
+        out += (m.transducer.joiner.enc_proj(enc_btd).astype(jnp.float32),)
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamInfo:
+    """A streaming artifact's contract (each stream function carries it as `.stream`)."""
+
+    first_samples: int  # S1: audio samples of `stream_first` / `stream_flush_first`
+    step_samples: int  # S2: audio samples of `stream_step` / `stream_flush`
+    frames: int  # C: encoder frames each step emits (a flush emits 2C)
+    frame_samples: int  # audio samples per encoder frame (hop * subsampling factor)
+    history: int  # L: encoder frames of attention cache
+    outputs: tuple[str, ...]  # "log_probs" (CTC) and/or "enc_proj" (transducer)
+    state: tuple[str, ...]  # the state's leaves, by name ("encoder.keys_nblhk", ...)
+
+
+def _stream_functions(model: Callable, history: int | None) -> dict[str, Callable]:
+    """The four stream functions (see the module docstring) over `ASRModel.stream_step`
+    and `stream_flush`: the first call's shapes differ from the later ones' (the front
+    end's lag and the subsampling's receptive field), so each is its own function, and
+    the state after the first call is the one every later call takes."""
+    m = model()
+    s1, s2 = m.stream_samples(first=True), m.stream_samples(first=False)
+    heads = m.head.split("+")
+
+    def fresh(b):
+        return model().init_stream(b, max_history=history)
+
+    started = jax.eval_shape(
+        lambda a: model().stream_step(fresh(1), a)[2], jax.ShapeDtypeStruct((1, s1), jnp.float32)
+    )
+    paths = jax.tree_util.tree_flatten_with_path(started)[0]
+    info = StreamInfo(
+        first_samples=s1,
+        step_samples=s2,
+        frames=m.encoder.chunk_size,
+        frame_samples=m.frontend.cfg.hop_length * m.encoder.subsampling.factor,
+        history=int(started.encoder.cache_valid_bl.shape[1]),
+        outputs=tuple(n for h, n in (("ctc", "log_probs"), ("rnnt", "enc_proj")) if h in heads),
+        state=tuple(jax.tree_util.keystr(k, simple=True, separator=".") for k, _ in paths),
+    )
+    treedef = jax.tree.structure(started)  # started=True: what every later call takes
+
+    def stream_first(audio_bs):
+        m = model()
+        enc, valid, state = m.stream_step(fresh(audio_bs.shape[0]), audio_bs)
+        return (*_head_outputs(m, enc), valid, *jax.tree.leaves(state))
+
+    def stream_step(*state_and_audio):
+        *leaves, audio_bs = state_and_audio
+        m = model()
+        enc, valid, state = m.stream_step(jax.tree.unflatten(treedef, leaves), audio_bs)
+        return (*_head_outputs(m, enc), valid, *jax.tree.leaves(state))
+
+    def stream_flush(*state_and_audio):
+        *leaves, audio_bs, audio_len_b = state_and_audio
+        m = model()
+        enc, valid = m.stream_flush(jax.tree.unflatten(treedef, leaves), audio_bs, audio_len_b)
+        return (*_head_outputs(m, enc), valid)
+
+    def stream_flush_first(audio_bs, audio_len_b):
+        m = model()
+        enc, valid = m.stream_flush(fresh(audio_bs.shape[0]), audio_bs, audio_len_b)
+        return (*_head_outputs(m, enc), valid)
+
+    fns = {
+        "stream_first": stream_first,
+        "stream_step": stream_step,
+        "stream_flush": stream_flush,
+        "stream_flush_first": stream_flush_first,
+    }
+    for fn in fns.values():
+        fn.stream = info
+    return fns
+
+
+def _stream_specs(name: str, fns: dict[str, Callable]) -> tuple:
+    """The stream functions' arguments: the state's leaves (their shapes after the first
+    call, batch b), audio of the call's fixed size, and the flushes' lengths."""
+    info = fns[name].stream
+    (b,) = jax.export.symbolic_shape("b")
+    audio = lambda n: jax.ShapeDtypeStruct((b, n), jnp.float32)  # noqa: E731
+    lengths = jax.ShapeDtypeStruct((b,), jnp.int32)
+    first = jax.eval_shape(fns["stream_first"], audio(info.first_samples))
+    state = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in first[len(info.outputs) + 1 :])
+    return {
+        "stream_first": (audio(info.first_samples),),
+        "stream_step": (*state, audio(info.step_samples)),
+        "stream_flush": (*state, audio(info.step_samples), lengths),
+        "stream_flush_first": (audio(info.first_samples), lengths),
+    }[name]
 
 
 def argument_specs(name: str, fns: dict[str, Callable], sample_rate: int) -> tuple:
     """The symbolic-shape arguments each function is exported for (b: batch, s: samples)."""
+    if name in STREAM_FUNCTIONS:
+        return _stream_specs(name, fns)
     min_samples = int(MIN_SECONDS * sample_rate)
     b, s = jax.export.symbolic_shape("b, s", constraints=(f"s >= {min_samples}",))
     audio = (jax.ShapeDtypeStruct((b, s), jnp.float32), jax.ShapeDtypeStruct((b,), jnp.int32))
@@ -114,6 +242,16 @@ def io_names(name: str, fns: dict[str, Callable]) -> tuple[list[str], list[str]]
     # ONNX graphs need names unique over inputs and outputs: the step's new state is
     # next_state_i (fed back as state_i).
     next_state = [f"next_{n}" for n in state]
+    if name in STREAM_FUNCTIONS:
+        info = fns[name].stream
+        outs = [*info.outputs, "valid"]
+        nxt = [f"next.{n}" for n in info.state]
+        return {
+            "stream_first": (["audio"], [*outs, *nxt]),
+            "stream_step": ([*info.state, "audio"], [*outs, *nxt]),
+            "stream_flush": ([*info.state, "audio", "audio_len"], outs),
+            "stream_flush_first": (["audio", "audio_len"], outs),
+        }[name]
     return {
         "ctc": (["audio", "audio_len"], ["log_probs", "lengths"]),
         "encoder": (["audio", "audio_len"], ["enc_proj", "lengths"]),
