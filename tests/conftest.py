@@ -16,23 +16,12 @@ jax.config.update("jax_default_matmul_precision", "highest")
 def pytest_collection_modifyitems(config, items):
     """Under `pytest -n N --dist loadgroup` (make test): the end-to-end tests share one
     worker, so their session fixtures (the tiny corpus, the finished tiny run, the
-    compilation cache) are built once; so do the tests of a module with module-scoped
-    fixtures (an exported model, a prepared corpus: built once, not once per worker).
-    The other tests spread over the workers one by one."""
+    compilation cache) are built once; the other tests spread over the rest."""
     import pytest
 
     for item in items:
-        path = str(item.path).replace(os.sep, "/")
-        if "/tests/e2e/" in path:
+        if "/tests/e2e/" in str(item.path).replace(os.sep, "/"):
             item.add_marker(pytest.mark.xdist_group("e2e"))
-        elif _uses_module_fixture(item):
-            item.add_marker(pytest.mark.xdist_group(path.rsplit("/tests/", 1)[-1]))
-
-
-def _uses_module_fixture(item) -> bool:
-    info = getattr(item, "_fixtureinfo", None)  # pytest's; absent: no grouping
-    defs = info.name2fixturedefs.values() if info is not None else ()
-    return any(d.scope == "module" for chain in defs for d in chain)
 
 
 def onnx_converter() -> str:
