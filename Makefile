@@ -72,7 +72,7 @@ demo: $(DEMO_DATA)/shards/.done
 
 # JAXSPEECH_REQUIRE_ONNX: the ONNX tests fail, not skip, if the converter is missing.
 test: $(VENV)/.installed-dev $(ONNX_VENV)/.installed
-	JAXSPEECH_REQUIRE_ONNX=1 $(PY) -m pytest -q -n 2 --dist loadgroup --durations=20 tests
+	JAXSPEECH_REQUIRE_ONNX=1 $(PY) -m pytest -q -n 2 --durations=20 tests
 
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

@@ -13,17 +13,6 @@ import jax  # noqa: E402
 jax.config.update("jax_default_matmul_precision", "highest")
 
 
-def pytest_collection_modifyitems(config, items):
-    """Under `pytest -n N --dist loadgroup` (make test): the end-to-end tests share one
-    worker, so their session fixtures (the tiny corpus, the finished tiny run, the
-    compilation cache) are built once; the other tests spread over the rest."""
-    import pytest
-
-    for item in items:
-        if "/tests/e2e/" in str(item.path).replace(os.sep, "/"):
-            item.add_marker(pytest.mark.xdist_group("e2e"))
-
-
 def onnx_converter() -> str:
     """The ONNX converter's python (`make install-onnx`). Missing: the test is skipped,
     or fails under `make test` (JAXSPEECH_REQUIRE_ONNX=1), where it must run."""
