@@ -119,7 +119,7 @@ def say(line: str, stream: IO[str] | None = None) -> None:
 
 
 def forward_output(index: int, pipe: IO[bytes]) -> None:
-    """Copy a child's merged stdout/stderr to ours, line by line, prefixed `[p<index>] `."""
+    """Copy one of a child's streams to our stdout, line by line, prefixed `[p<index>] `."""
     prefix = f"[p{index}] "
     with pipe:
         for raw in iter(pipe.readline, b""):
@@ -137,9 +137,13 @@ def _die_with_parent() -> None:
 
 
 def start_children(commands: Sequence[Sequence[str]], env: Mapping[str, str]) -> list:
-    """Start every command (its own process group, stdout+stderr into one pipe) and one
-    reader thread per child; returns [(Popen, Thread)]. All forks happen before any
-    reader thread exists, which keeps `preexec_fn` safe."""
+    """Start every command (its own process group) and a reader thread per stream of each
+    child; returns [(Popen, [Thread, Thread])]. All forks happen before any reader thread
+    exists, which keeps `preexec_fn` safe.
+
+    stdout and stderr are separate pipes: in one shared pipe a line that C++ code writes
+    to stderr (Gloo's connection messages) can land in the middle of a Python print to
+    stdout, and a prefixed line would then hold pieces of both."""
     linux = sys.platform.startswith("linux")
     procs = [
         subprocess.Popen(
@@ -147,7 +151,7 @@ def start_children(commands: Sequence[Sequence[str]], env: Mapping[str, str]) ->
             env=dict(env),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
+            stderr=subprocess.PIPE,
             # Own process group: a terminal's Ctrl-C reaches only the launcher, which
             # forwards it once (not twice), and SIGKILL can take a child's workers along.
             process_group=0,
@@ -156,10 +160,13 @@ def start_children(commands: Sequence[Sequence[str]], env: Mapping[str, str]) ->
         for cmd in commands
     ]
     threads = [
-        threading.Thread(target=forward_output, args=(i, p.stdout), daemon=True)
+        [
+            threading.Thread(target=forward_output, args=(i, pipe), daemon=True)
+            for pipe in (p.stdout, p.stderr)
+        ]
         for i, p in enumerate(procs)
     ]
-    for t in threads:
+    for t in (t for pair in threads for t in pair):
         t.start()
     return list(zip(procs, threads))
 
@@ -243,9 +250,9 @@ def run_job(
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-    for _, thread in children:
-        # A grandchild still holding the pipe must not keep us waiting.
-        thread.join(timeout=5)
+    for _, pair in children:
+        for thread in pair:  # a grandchild still holding a pipe must not keep us waiting
+            thread.join(timeout=5)
     for i, p in enumerate(procs):
         say(f"launch_local: process {i} exited with code {describe(p.returncode)}")
     return launcher_exit_code([procs[i].returncode for i in order])
