@@ -27,8 +27,7 @@ import time
 
 import numpy as np
 
-from jaxspeech.data import records
-from jaxspeech.data.reader import RecordReader
+from jaxspeech.data import reader
 from jaxspeech.data.tokenizer import normalize_text
 from jaxspeech.metrics.wer import ErrorCounts
 
@@ -45,18 +44,11 @@ def _transcriber():
 
 
 def read_split(data_dir: str, split: str) -> list[dict]:
-    """Every record of a prepared split, audio as float32 in [-1, 1] (as the loader)."""
-    index = records.read_split_index(data_dir, split)
-    data, faults, _ = RecordReader(index.shard_paths, index.shard_num_records).read(
-        range(index.num_records)
-    )
-    if faults:
-        raise RuntimeError(f"{data_dir}/{split}: unreadable records {faults[:3]}")
-    out = []
-    for d in data:
-        r = records.decode_record(d)
-        out.append({"text": normalize_text(r["text"]), "audio": r["audio"] / np.float32(32768)})
-    return out
+    """Every utterance of a prepared split: normalized text, float32 audio (as the loader)."""
+    return [
+        {"text": normalize_text(r["text"]), "audio": reader.audio_float32(r)}
+        for r in reader.read_split_records(data_dir, split)
+    ]
 
 
 def score(artifact, utts: list[dict]) -> dict:

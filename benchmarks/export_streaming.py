@@ -94,7 +94,9 @@ def stream(sessions: dict, audio: np.ndarray, first: int, step: int) -> tuple:
         pos += step
     rest = np.zeros((1, step), np.float32)
     rest[0, : len(audio) - pos] = audio[pos:]
-    lp, valid = _call(sessions["stream_flush"], *out[2:], rest, np.array([len(audio) - pos], np.int32))
+    lp, valid = _call(
+        sessions["stream_flush"], *out[2:], rest, np.array([len(audio) - pos], np.int32)
+    )
     frames.append(lp[0][valid[0]])
     return np.concatenate(frames), times
 

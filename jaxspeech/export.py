@@ -43,8 +43,7 @@ from flax import nnx
 from jaxspeech import checkpoint as ckpt_lib
 from jaxspeech import cli, evaluate, models, quantize
 from jaxspeech import state as state_lib
-from jaxspeech.data import records
-from jaxspeech.data.reader import RecordReader
+from jaxspeech.data import reader, records
 from jaxspeech.errors import UserError
 from jaxspeech.models import inference
 from jaxspeech.models.inference import MIN_SECONDS, argument_specs, inference_functions
@@ -439,14 +438,11 @@ def read_calibration(spec: str | None, n: int) -> tuple[list[np.ndarray], dict]:
     data_dir, split = spec.rsplit(":", 1)
     try:
         index = records.read_split_index(data_dir, split)
-    except FileNotFoundError as e:
+        chosen = np.sort(np.random.default_rng(0).permutation(index.num_records)[:n])
+        recs = reader.read_split_records(data_dir, split, chosen.tolist())
+    except (FileNotFoundError, ValueError) as e:
         raise UserError(f"calibration split: {e}") from e
-    chosen = np.sort(np.random.default_rng(0).permutation(index.num_records)[:n])
-    data, faults, _ = RecordReader(index.shard_paths, index.shard_num_records).read(chosen.tolist())
-    if faults:
-        raise UserError(f"calibration split {spec}: unreadable records: {faults[:3]}")
-    recs = [records.decode_record(d) for d in data]
-    audio = [np.asarray(r["audio"], np.float32) / 32768.0 for r in recs]  # as the loader
+    audio = [reader.audio_float32(r) for r in recs]
     ids = [r["id"] for r in recs]
     described = {
         "data": os.path.abspath(data_dir),

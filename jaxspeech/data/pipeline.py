@@ -397,7 +397,7 @@ class LoadBatch:
             if rec is None:
                 out["corrupt"][row] = 1
                 continue
-            audio = rec["audio"].astype(np.float32) / 32768.0
+            audio = reader_lib.audio_float32(rec)
             if self.augment is not None:
                 # Tag 4: a stream apart from the plan's (seed, epoch, 1|2|3) ones.
                 rng = np.random.default_rng(

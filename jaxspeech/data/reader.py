@@ -26,6 +26,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from jaxspeech.data import records
+
 # Riegeli's messages when stored bytes fail their checksums or framing: retrying after a
 # wait cannot fix those, a second read only rules out a bad transfer.
 _CORRUPTION_SIGNATURES = ("Corrupted Riegeli", "Invalid Riegeli", "hash mismatch")
@@ -199,3 +201,29 @@ class RecordReader:
                 self.sleep(self.policy.delay(attempt))
                 self._reopen(shard)
         return None, f"{type(error).__name__}: {error}", attempt + 1
+
+
+def read_split_records(
+    data_dir: str, split: str, positions: Sequence[int] | None = None
+) -> list[dict[str, Any]]:
+    """Decoded records (`records.decode_record`) of a prepared split: every one, or those
+    at `positions` in that order; for tools that read a whole split or a sample of it
+    (export calibration, benchmarks, tests), not for training (`pipeline` reads batches).
+
+    Raises:
+      FileNotFoundError: the split is not prepared (no index).
+      ValueError: records that cannot be read, named (at most 3) with the count.
+    """
+    index = records.read_split_index(data_dir, split)
+    if positions is None:
+        positions = range(index.num_records)
+    data, faults, _ = RecordReader(index.shard_paths, index.shard_num_records).read(positions)
+    if faults:
+        named = "; ".join(f"{f.shard}[{f.index}]: {f.error}" for f in faults[:3])
+        raise ValueError(f"{data_dir}:{split}: {len(faults)} unreadable records ({named})")
+    return [records.decode_record(d) for d in data]
+
+
+def audio_float32(record: dict[str, Any]) -> np.ndarray:
+    """A decoded record's int16 samples as float32 in [-1, 1), scaled as the loader does."""
+    return np.asarray(record["audio"], np.float32) / np.float32(32768.0)

@@ -55,6 +55,25 @@ def test_flipped_bytes_cost_exactly_their_record(copy):
     assert again[0] == [None] and again[1][0].index == 4
 
 
+def test_read_split_records_reads_all_or_some_and_names_a_bad_record(copy):
+    """The tools' whole-split reader: every record in order, or a chosen few; decoded; the
+    loader's float scaling; a damaged record is an error naming its shard and index."""
+    index = _index(copy)
+    every = rd.read_split_records(copy, "train")
+    assert len(every) == index.num_records
+    some = rd.read_split_records(copy, "train", [7, 2])
+    assert [r["id"] for r in some] == [every[7]["id"], every[2]["id"]]
+    audio = rd.audio_float32(every[0])
+    assert audio.dtype == np.float32
+    np.testing.assert_array_equal(audio * 32768, every[0]["audio"])  # exact: 2^15 scale
+    path = index.shard_paths[1]
+    damage.flip_record(path, damage.rewrite_uncompressed(path)[4])
+    with pytest.raises(ValueError, match=f"1 unreadable records .*{os.path.basename(path)}\\[4\\]"):
+        rd.read_split_records(copy, "train")
+    with pytest.raises(FileNotFoundError):
+        rd.read_split_records(copy, "nope")
+
+
 def test_missing_truncated_and_miscounted_shards_are_one_error_naming_each(copy):
     index = _index(copy)
     os.remove(index.shard_paths[0])

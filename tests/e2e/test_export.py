@@ -14,8 +14,7 @@ import numpy as np
 import pytest
 
 from jaxspeech import evaluate, export
-from jaxspeech.data import records
-from jaxspeech.data.reader import RecordReader
+from jaxspeech.data import reader
 from jaxspeech.data.tokenizer import Tokenizer, normalize_text
 from jaxspeech.decoding import ctc as ctc_decoding
 from jaxspeech.errors import UserError
@@ -62,15 +61,6 @@ def test_manifest_describes_the_run_and_scores_like_evaluate(artifact, tiny_run)
     assert manifest["tokenizer"]["blank_id"] == tok.blank_id == 0
 
 
-def _test_split(shards) -> list[dict]:
-    index = records.read_split_index(str(shards), "test")
-    data, faults, _ = RecordReader(index.shard_paths, index.shard_num_records).read(
-        range(index.num_records)
-    )
-    assert not faults
-    return [records.decode_record(d) for d in data]
-
-
 def _stablehlo_texts(artifact, recs) -> list[str]:
     out, manifest, _ = artifact
     exp = jax.export.deserialize((out / manifest["functions"]["ctc"]["file"]).read_bytes())
@@ -78,7 +68,7 @@ def _stablehlo_texts(artifact, recs) -> list[str]:
     # One batch of every utterance, zero-padded, with the true lengths: one compilation.
     audio = np.zeros((len(recs), max(len(r["audio"]) for r in recs)), np.float32)
     for i, r in enumerate(recs):
-        audio[i, : len(r["audio"])] = r["audio"] / 32768.0  # as the loader scales
+        audio[i, : len(r["audio"])] = reader.audio_float32(r)
     lengths = np.array([len(r["audio"]) for r in recs], np.int32)
     logp, n = exp.call(audio, lengths)
     ids = ctc_decoding.collapse(np.argmax(np.asarray(logp), -1), np.asarray(n))
@@ -90,7 +80,7 @@ def test_artifact_decodes_the_test_split_like_evaluate(artifact, tiny_run, corpu
     the project's reader, all in one padded batch) gives the evaluator's CER."""
     workdir, _ = tiny_run
     _, shards = corpus
-    recs = _test_split(shards)
+    recs = reader.read_split_records(str(shards), "test")
     counts = ErrorCounts()
     for r, hyp in zip(recs, _stablehlo_texts(artifact, recs), strict=True):
         counts.add(normalize_text(r["text"]), hyp)
@@ -124,7 +114,7 @@ def test_onnx_int8_export_and_the_runtime_only_transcriber(artifact, tiny_run, c
     assert quant["method"] == "minmax" and quant["calibration"]["split"] == "train"
     assert quant["calibration"]["num_utts"] == 4 and len(quant["calibration"]["id"]) == 16
     assert quant["functions"]["ctc"]["weights"]
-    recs = _test_split(shards)
+    recs = reader.read_split_records(str(shards), "test")
     wavs = []
     for i, r in enumerate(recs):
         wavs.append(str(tmp_path / f"utt{i}.wav"))
