@@ -13,7 +13,7 @@ DEMO_VOCAB ?= 128
 # multi-process DirectRunner (the default) or a distributed runner.
 DEMO_BEAM_ARGS ?= --direct_running_mode=in_memory --direct_num_workers=1
 
-.PHONY: demo test install install-dev install-onnx lint format clean-demo
+.PHONY: demo test install install-dev install-onnx install-cuda lint format clean-demo
 
 $(VENV)/bin/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,12 @@ $(ONNX_VENV)/.installed: pyproject.toml $(VENV)/.installed
 	touch $@
 
 install-onnx: $(ONNX_VENV)/.installed
+
+# NVIDIA GPUs (CUDA 12 driver >= 525): the CUDA build of jax in .venv, then the device
+# check (the GPUs jaxspeech sees, and an all-reduce over them).
+install-cuda: $(VENV)/.installed
+	$(UV) pip install --python $(PY) --quiet -e '.[cuda]'
+	$(PY) -m jaxspeech.devices
 
 # Order-only on the install: reinstalling after a pyproject.toml change must not
 # re-synthesize (or re-prepare) a corpus that is already there.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping
 
 import jax
@@ -83,6 +84,78 @@ def detected_cluster() -> str | None:
     return None
 
 
+# The plain environment-variable path (any launcher that can set per-process variables:
+# a SLURM batch script, a Kubernetes job, pdsh): the same three values as the flags.
+ENV_VARS = {
+    "coordinator_address": "JAXSPEECH_COORDINATOR_ADDRESS",
+    "num_processes": "JAXSPEECH_NUM_PROCESSES",
+    "process_id": "JAXSPEECH_PROCESS_ID",
+}
+
+
+def _from_env(name: str, environ: Mapping[str, str]):
+    """`name`'s environment variable (ENV_VARS), parsed like the flag; None if unset."""
+    value = environ.get(ENV_VARS[name])
+    if value is None or value == "":
+        return None
+    if name == "coordinator_address":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise DistributedConfigError(
+            f"{ENV_VARS[name]} must be an integer, got {value!r}"
+        ) from None
+
+
+def multihost_settings(
+    coordinator_address: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> tuple[str, dict] | None:
+    """Where this process's multi-host settings come from, and them; None if nowhere.
+
+    Arguments (or the parsed flags) win; without any, the JAXSPEECH_* variables of
+    ENV_VARS. Returns ("flags" | "env", {"coordinator_address", "num_processes",
+    "process_id"}), or None when neither gives any of the three (cluster detection or a
+    single process decides then).
+
+    Raises:
+      DistributedConfigError: some but not all three, or a bad value.
+    """
+    environ = os.environ if environ is None else environ
+    given = {
+        "coordinator_address": _flag("coordinator_address", coordinator_address),
+        "num_processes": _flag("num_processes", num_processes),
+        "process_id": _flag("process_id", process_id),
+    }
+    source, spell = "flags", lambda k: "--" + k
+    if all(v is None for v in given.values()):
+        given = {k: _from_env(k, environ) for k in given}
+        source, spell = "env", lambda k: ENV_VARS[k]
+        if all(v is None for v in given.values()):
+            return None
+    missing = [k for k, v in given.items() if v is None]
+    if missing:
+        need = ", ".join(spell(k) for k in given)
+        raise DistributedConfigError(
+            f"multi-host {'flags' if source == 'flags' else 'variables'} need all of "
+            f"{need}; missing {', '.join(spell(m) for m in missing)}"
+        )
+    address, count, index = given.values()
+    if ":" not in address or not address.rsplit(":", 1)[1].isdigit():
+        raise DistributedConfigError(
+            f"{spell('coordinator_address')} must be host:port, got {address!r}"
+        )
+    if count < 1 or not 0 <= index < count:
+        raise DistributedConfigError(
+            f"need {spell('num_processes')} >= 1 and 0 <= {spell('process_id')} < "
+            f"{spell('num_processes')}, got {count} and {index}"
+        )
+    return source, given
+
+
 def initialize(
     coordinator_address: str | None = None,
     num_processes: int | None = None,
@@ -90,46 +163,33 @@ def initialize(
     *,
     heartbeat_timeout_s: int | None = None,
 ) -> str:
-    """Join a multi-process job, if this is one; returns how ("single", "flags", <cluster>).
+    """Join a multi-process job, if this is one; returns how ("single", "flags", "env",
+    <cluster>).
 
-    With ``--coordinator_address/--num_processes/--process_id`` (or the arguments), calls
-    ``jax.distributed.initialize`` with them, and process 0's coordination service binds to
-    that address only (JAX's default binds all interfaces). Without them, a cluster
-    manager JAX detects (TPU pod, SLURM, Open MPI) supplies everything; otherwise this
-    is a single-process run and nothing happens. Must run before JAX touches a device.
+    With ``--coordinator_address/--num_processes/--process_id`` (or the arguments), or
+    else the JAXSPEECH_COORDINATOR_ADDRESS / _NUM_PROCESSES / _PROCESS_ID variables,
+    calls ``jax.distributed.initialize`` with them; process 0's coordination service
+    binds to that address only (JAX's default binds all interfaces), and JAX's cluster
+    detection is off, so a process sees every local device (under SLURM, JAX's detection
+    would limit each process to the GPU of its SLURM_LOCALID; `JAX_LOCAL_DEVICE_IDS`
+    still chooses devices explicitly). Without either, a cluster manager JAX detects
+    (TPU pod, SLURM, Open MPI) supplies everything; otherwise this is a single-process
+    run and nothing happens. Must run before JAX touches a device.
 
     Raises:
-      DistributedConfigError: some but not all of the three flags, or a bad value.
+      DistributedConfigError: some but not all of the three settings, or a bad value.
     """
-    address = _flag("coordinator_address", coordinator_address)
-    count = _flag("num_processes", num_processes)
-    index = _flag("process_id", process_id)
     heartbeat = _flag("heartbeat_timeout_s", heartbeat_timeout_s) or 100
-    given = {"coordinator_address": address, "num_processes": count, "process_id": index}
-    if any(v is not None for v in given.values()):
-        missing = [k for k, v in given.items() if v is None]
-        if missing:
-            raise DistributedConfigError(
-                f"multi-host flags need all of --coordinator_address, --num_processes and "
-                f"--process_id; missing {', '.join('--' + m for m in missing)}"
-            )
-        if ":" not in address or not address.rsplit(":", 1)[1].isdigit():
-            raise DistributedConfigError(
-                f"--coordinator_address must be host:port, got {address!r}"
-            )
-        if count < 1 or not 0 <= index < count:
-            raise DistributedConfigError(
-                f"need --num_processes >= 1 and 0 <= --process_id < --num_processes, got "
-                f"{count} and {index}"
-            )
+    settings = multihost_settings(coordinator_address, num_processes, process_id)
+    if settings is not None:
+        source, given = settings
         jax.distributed.initialize(
-            coordinator_address=address,
-            num_processes=count,
-            process_id=index,
-            coordinator_bind_address=address,
+            **given,
+            coordinator_bind_address=given["coordinator_address"],
             heartbeat_timeout_seconds=heartbeat,
+            cluster_detection_method="deactivate",
         )
-        return "flags"
+        return source
     cluster = detected_cluster()
     if cluster is None:
         return "single"

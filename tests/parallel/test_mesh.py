@@ -75,8 +75,49 @@ def test_initialize_refuses_incomplete_or_bad_flags(kwargs, message):
         mesh_lib.initialize(**kwargs)
 
 
+ENV = {
+    "JAXSPEECH_COORDINATOR_ADDRESS": "node1:61500",
+    "JAXSPEECH_NUM_PROCESSES": "4",
+    "JAXSPEECH_PROCESS_ID": "3",
+}
+
+
+def test_multihost_settings_from_the_environment_and_flags_win():
+    expected = {"coordinator_address": "node1:61500", "num_processes": 4, "process_id": 3}
+    assert mesh_lib.multihost_settings(environ=ENV) == ("env", expected)
+    flags_given = mesh_lib.multihost_settings("h:1", 2, 0, environ=ENV)
+    assert flags_given == (
+        "flags",
+        {"coordinator_address": "h:1", "num_processes": 2, "process_id": 0},
+    )
+    assert mesh_lib.multihost_settings(environ={"JAXSPEECH_PROCESS_ID": ""}) is None
+
+
+@pytest.mark.parametrize(
+    "drop,change,message",
+    [
+        ("JAXSPEECH_PROCESS_ID", {}, "missing JAXSPEECH_PROCESS_ID"),
+        (None, {"JAXSPEECH_NUM_PROCESSES": "four"}, "JAXSPEECH_NUM_PROCESSES must be an integer"),
+        (
+            None,
+            {"JAXSPEECH_COORDINATOR_ADDRESS": "node1"},
+            "JAXSPEECH_COORDINATOR_ADDRESS must be host:port",
+        ),
+        (
+            None,
+            {"JAXSPEECH_PROCESS_ID": "4"},
+            "0 <= JAXSPEECH_PROCESS_ID < JAXSPEECH_NUM_PROCESSES",
+        ),
+    ],
+)
+def test_multihost_settings_refuse_incomplete_or_bad_variables(drop, change, message):
+    environ = {k: v for k, v in ENV.items() if k != drop} | change
+    with pytest.raises(mesh_lib.DistributedConfigError, match=message):
+        mesh_lib.multihost_settings(environ=environ)
+
+
 def test_initialize_without_flags_or_cluster_is_a_single_process(monkeypatch):
-    for var in ("OMPI_MCA_orte_hnp_uri", "SLURM_JOB_ID", "KUBERNETES_SERVICE_HOST"):
+    for var in ("OMPI_MCA_orte_hnp_uri", "SLURM_JOB_ID", "KUBERNETES_SERVICE_HOST", *ENV):
         monkeypatch.delenv(var, raising=False)
     assert mesh_lib.detected_cluster() is None
     assert mesh_lib.initialize() == "single"
