@@ -23,6 +23,7 @@ from jaxspeech import state as state_lib
 from jaxspeech.decoding import ctc as ctc_decoding
 from jaxspeech.decoding import rnnt as rnnt_decoding
 from tests.conftest import onnx_converter
+from tests.sharing import built_once
 
 VOCAB = 12
 RATE = 16000
@@ -92,13 +93,21 @@ def exported(request, tmp_path_factory):
     format for the module): (model parts, loaded functions, manifest "functions",
     directory, format, the inference functions)."""
     graphdef, params, stats, config = _model("ctc_rnnt", streaming=True)
-    where = tmp_path_factory.mktemp(request.param)
     fns = export.inference_functions(graphdef, params, stats)
-    if request.param == "stablehlo":
-        described = export.export_stablehlo(fns, RATE, str(where))
-    else:
-        arguments = state_lib.model_arguments(config, VOCAB)
-        described = export.export_onnx(arguments, params, stats, RATE, str(where), onnx_converter())
+
+    def build(where: pathlib.Path) -> str:
+        if request.param == "stablehlo":
+            described = export.export_stablehlo(fns, RATE, str(where))
+        else:
+            arguments = state_lib.model_arguments(config, VOCAB)
+            described = export.export_onnx(
+                arguments, params, stats, RATE, str(where), onnx_converter()
+            )
+        return json.dumps(described)
+
+    # The ONNX conversion takes most of a minute: one per session, not one per worker.
+    where, text = built_once(tmp_path_factory, f"exported-{request.param}", build)
+    described = json.loads(text)
     loaded = _loader(request.param, where, described)
     return (graphdef, params, stats, config), loaded, described, where, request.param, fns
 

@@ -1,15 +1,24 @@
-"""Shared by the end-to-end tests: one tiny synthetic corpus per session."""
+"""Shared by the end-to-end tests: one tiny synthetic corpus and one finished tiny run per
+test session, built once for all pytest-xdist workers."""
 
 import shutil
+from pathlib import Path
 
 import pytest
 
 from tests.e2e.cli import run_module, train_args
+from tests.sharing import built_once
 
 
 @pytest.fixture(scope="session")
 def corpus(tmp_path_factory):
-    root = tmp_path_factory.mktemp("e2e")
+    """(root, shards): the 0.06 h synthetic corpus prepared into train/dev/test shards.
+    Tests write their own runs under `root`, each under a name of its own."""
+    root, _ = built_once(tmp_path_factory, "e2e", _build_corpus)
+    return root, root / "shards"
+
+
+def _build_corpus(root: Path) -> str:
     raw, shards = root / "raw", root / "shards"
     run_module("data_prep.demo.synth", "--output", str(raw), "--hours", "0.06", "--seed", "1")
     for split in ("train", "dev", "test"):
@@ -28,18 +37,20 @@ def corpus(tmp_path_factory):
             "--direct_running_mode=in_memory",  # one process: quickest for a tiny corpus
             "--direct_num_workers=1",
         )
-    return root, shards
+    return ""
 
 
 @pytest.fixture(scope="session")
-def tiny_run(corpus):
+def tiny_run(corpus, tmp_path_factory):
     """One finished tiny run (8 steps, checkpoints 4 and 8, evaluated on dev at the end),
     shared by the resume, evaluation and fault tests; they copy it before changing it.
     Returns (run directory, the run's console output)."""
-    root, shards = corpus
-    workdir = root / "tiny"
-    out = run_module("jaxspeech.train", *train_args(workdir, shards)).stdout
-    return workdir, out
+    _, shards = corpus
+
+    def build(workdir: Path) -> str:
+        return run_module("jaxspeech.train", *train_args(workdir, shards)).stdout
+
+    return built_once(tmp_path_factory, "tiny", build)
 
 
 @pytest.fixture
