@@ -14,6 +14,7 @@ Exit code 0 when the sum is right, 1 when it is not, 2 for a bad command line or
 
 from __future__ import annotations
 
+import os
 import sys
 
 import jax
@@ -38,6 +39,9 @@ def describe_devices() -> str:
         "  local: " + ", ".join(f"{d.id}:{d.platform}" for d in local),
         f"  job: {jax.device_count()} device(s) over {jax.process_count()} process(es)",
     ]
+    chosen = os.environ.get("JAX_LOCAL_DEVICE_IDS")
+    if chosen:  # one process per GPU: the device this process was given
+        lines.append(f"  JAX_LOCAL_DEVICE_IDS={chosen}")
     return "\n".join(lines)
 
 

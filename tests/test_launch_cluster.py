@@ -51,11 +51,14 @@ def _sbatch(tmp_path, *args, tasks=2, **env_extra):
     return proc, port
 
 
-def test_slurm_tasks_join_one_job_through_the_environment_variables(tmp_path):
-    """One process per node: each of the 2 tasks keeps all of its (2) devices, the job has
-    4, the coordinator is the first node at 61440 + job id mod 4096, and an all-reduce
-    over every device of the job gives the right sum."""
-    proc, port = _sbatch(tmp_path, MODULE="jaxspeech.devices")
+@pytest.mark.parametrize("per_node", [1, 2])
+def test_slurm_tasks_join_one_job_through_the_environment_variables(tmp_path, per_node):
+    """2 tasks, each with 2 simulated devices: one job of 4 devices whose coordinator is
+    the first node at 61440 + job id mod 4096, and an all-reduce over every device of the
+    job gives the right sum. One task per node keeps all of a node's devices; several
+    tasks per node take the device of their SLURM_LOCALID each."""
+    extra = {"SLURM_NTASKS_PER_NODE": "2"} if per_node == 2 else {}
+    proc, port = _sbatch(tmp_path, MODULE="jaxspeech.devices", **extra)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     assert f"coordinator localhost:{port}" in out
@@ -63,6 +66,7 @@ def test_slurm_tasks_join_one_job_through_the_environment_variables(tmp_path):
         assert f"[p{rank}] jax.distributed: process {rank} of 2 (env)" in out
         assert f"[p{rank}] process {rank} of 2: backend cpu, 2 local device(s)" in out
         assert f"[p{rank}] all-reduce over 4 device(s): sum 10, expected 10: ok" in out
+        assert (f"[p{rank}]   JAX_LOCAL_DEVICE_IDS={rank}" in out) == (per_node == 2)
     assert not (tmp_path / "requeued").exists()  # not a training run: never requeued
 
 
