@@ -71,7 +71,10 @@ def test_notebook_is_stored_clean(path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids(NOTEBOOKS))
-def test_notebook_runs(path, tmp_path):
+def test_notebook_runs(path, tmp_path, monkeypatch):
+    # One CPU device, as on Colab's CPU runtime (tests/conftest.py's 8 simulated devices
+    # would make the tiny training runs several times slower); 04_scale asks for 8 itself.
+    monkeypatch.setenv("XLA_FLAGS", "")
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(
         nb,
