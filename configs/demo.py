@@ -197,6 +197,15 @@ def get_config(arg: str | None = None) -> ConfigDict:
     c.decoding.beam = 4
     c.decoding.max_symbols_per_frame = 3  # RNN-T greedy
 
+    # How hypotheses are scored against references (evaluation, in-loop and standalone).
+    c.scoring = ConfigDict()
+    c.scoring.lowercase = False  # fold case before scoring
+    c.scoring.remove_punctuation = False  # drop punctuation (apostrophes inside words stay)
+    # word<TAB>replacement per line, applied to both sides ("" deletes the word); "" = none
+    c.scoring.mapping_file = ""
+    c.scoring.worst = 5  # the utterances with the most word errors, printed after a score
+    c.scoring.bootstrap_samples = 1000  # resamples for the 95% interval of WER/CER; 0 = none
+
     c.optim = ConfigDict()
     c.optim.name = "adamw"
     c.optim.peak_lr = 2e-3

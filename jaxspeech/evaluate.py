@@ -1,7 +1,10 @@
-"""Decode and score a model: `python -m jaxspeech.evaluate --workdir RUN --data DIR --split S`.
+"""Decode and score a model: `python -m jaxspeech.evaluate --workdir RUN --data DIR
+--split dev,test [--watch]`.
 
-Prints one JSON line {"split", "num_utts", "wer", "cer", ...} and writes it to
-RUN/eval/<split>-step<N>.json. The run's own tokenizer (RUN/assets/tokenizer)
+Prints one JSON line per split {"split", "num_utts", "wer", "cer", "wer_ci95", "word_sub",
+...} and writes it to RUN/eval/<split>-step<N>.json, with every utterance's reference,
+hypothesis and errors in RUN/eval/<split>-step<N>-utts.jsonl. `--watch` follows a training
+run instead (`jaxspeech.eval_watch`). The run's own tokenizer (RUN/assets/tokenizer)
 and normalization statistics (inside the checkpoint) are used, so DIR may be
 any corpus prepared with `python -m data_prep.prepare`.
 
@@ -33,7 +36,7 @@ from jaxspeech.data.tokenizer import Tokenizer
 from jaxspeech.decoding import ctc as ctc_decoding
 from jaxspeech.decoding import rnnt as rnnt_decoding
 from jaxspeech.errors import UserError
-from jaxspeech.metrics.wer import ErrorCounts
+from jaxspeech.metrics.wer import ErrorCounts, Normalizer, bootstrap_interval, load_mapping
 from jaxspeech.parallel import mesh as mesh_lib
 from jaxspeech.parallel import rules
 
@@ -99,6 +102,63 @@ def hypotheses(out: dict, config: ConfigDict, blank_id: int) -> list[list[int]]:
 
 
 # ---------------------------------------------------------------- scoring
+def normalizer_from_config(config: ConfigDict) -> Normalizer:
+    """config.scoring's text normalization (none for runs that predate the key).
+
+    Raises:
+      UserError: scoring.mapping_file is missing or malformed.
+    """
+    sc = config.get("scoring")
+    if sc is None:
+        return Normalizer()
+    mapping = {}
+    if sc.mapping_file:
+        try:
+            mapping = load_mapping(sc.mapping_file)
+        except (OSError, ValueError) as e:
+            raise UserError(f"scoring.mapping_file: {e}") from e
+    return Normalizer(sc.lowercase, sc.remove_punctuation, mapping)
+
+
+def parse_splits(text: str) -> list[str]:
+    """ "dev,test" -> ["dev", "test"]: the splits evaluation scores, in order (the first
+    one's WER chooses the best checkpoint).
+
+    Raises:
+      UserError: an empty name or a split named twice.
+    """
+    splits = [s.strip() for s in str(text).split(",")]
+    if not all(splits) or len(set(splits)) != len(splits):
+        raise UserError(f"splits must be distinct names separated by commas, got {text!r}")
+    return splits
+
+
+def summarize_utterances(rows: list[dict], config: ConfigDict) -> dict:
+    """Confidence intervals and the worst utterances from every scored utterance's row
+    (`metrics.wer.score_utterance` counts plus id, ref, hyp)."""
+    sc = config.get("scoring")
+    samples = 1000 if sc is None else int(sc.bootstrap_samples)
+    worst = 5 if sc is None else int(sc.worst)
+    out: dict = {}
+    if samples > 0:
+        for rate, errors, length in (
+            ("wer", "word_errors", "words"),
+            ("cer", "char_errors", "chars"),
+        ):
+            lo, hi = bootstrap_interval(
+                np.array([r[errors] for r in rows]),
+                np.array([r[length] for r in rows]),
+                num_samples=samples,
+                seed=config.seed,
+            )
+            out[f"{rate}_ci95"] = [round(lo, 5), round(hi, 5)]
+    ranked = sorted(rows, key=lambda r: (-r["word_errors"], -r["char_errors"], r["id"]))
+    out["worst"] = [
+        {k: r[k] for k in ("id", "ref", "hyp", "word_errors", "words")} for r in ranked[:worst]
+    ]
+    return out
+
+
 def eval_bucket_spec(config: ConfigDict, durations: np.ndarray, multiple_of: int):
     """Eval buckets (else the training ones) plus one up to the longest utterance.
 
@@ -153,8 +213,9 @@ def evaluate_split(
         retry=inputs.retry_policy(config),
     )
     tokenizer = Tokenizer.load(tokenizer_dir)
+    normalize = normalizer_from_config(config)
     fault_log = fault_log or faults.FaultLog(None, what=f"evaluating {split}")
-    counts, examples, unreadable = ErrorCounts(), [], 0
+    counts, examples, rows, unreadable = ErrorCounts(), [], [], 0
     for batch in pipe.dataset():
         fault_log.add(batch["faults"])
         unreadable += int(batch["corrupt"].sum())
@@ -165,24 +226,13 @@ def evaluate_split(
         for utt_id, ref, hyp_ids in zip(batch["id"], batch["text"], hyps):
             if not utt_id:  # a padding row
                 continue
-            hyp = tokenizer.decode(hyp_ids)
-            counts.add(ref, hyp)
+            ref, hyp = normalize(ref), normalize(tokenizer.decode(hyp_ids))
+            rows.append({"id": utt_id, "ref": ref, "hyp": hyp} | counts.add(ref, hyp))
             if len(examples) < num_examples:
                 examples.append({"id": utt_id, "ref": ref, "hyp": hyp})
-    totals = mesh_lib.sum_over_processes(
-        np.array(
-            [
-                counts.word_errors,
-                counts.words,
-                counts.char_errors,
-                counts.chars,
-                counts.utterances,
-                unreadable,
-            ],
-            np.int64,
-        )
-    )
-    counts, unreadable = ErrorCounts(*map(int, totals[:5])), int(totals[5])
+    totals = mesh_lib.sum_over_processes(np.append(counts.as_array(), unreadable))
+    counts, unreadable = ErrorCounts.from_array(totals[:-1]), int(totals[-1])
+    rows = sorted(mesh_lib.allgather_json(rows), key=lambda r: r["id"])
     if counts.utterances + unreadable != index.num_records:
         raise RuntimeError(
             f"scored {counts.utterances} and skipped {unreadable} unreadable of "
@@ -200,38 +250,78 @@ def evaluate_split(
         "cer": round(counts.cer, 5),
         "words": counts.words,
         "chars": counts.chars,
+        **{
+            f"{unit}_{kind}": getattr(counts, f"{unit}_{kind}")
+            for unit in ("word", "char")
+            for kind in ("sub", "del", "ins")
+        },
+        **summarize_utterances(rows, config),
         "eval_seconds": round(time.time() - t0, 1),
         "examples": examples,
+        "utterances": rows,  # written as RUN/eval/<split>-step<N>-utts.jsonl
     }
 
 
 def describe_result(result: dict, step: int) -> str:
-    """The console lines of an evaluation: scores, counts, and the example hypotheses."""
+    """The console lines of an evaluation: scores with their error types and intervals,
+    counts, the example hypotheses and the worst utterances."""
+    ci = ""
+    if "wer_ci95" in result:
+        (wl, wh), (cl, ch) = result["wer_ci95"], result["cer_ci95"]
+        ci = f" (95% CI WER {wl:.2%}-{wh:.2%}, CER {cl:.2%}-{ch:.2%})"
     lines = [
-        f"eval step {step}: {result['split']} WER {result['wer']:.2%} CER {result['cer']:.2%} "
-        f"({result['num_utts']} utts, {result['skipped_unreadable']} unreadable skipped, "
+        f"eval step {step}: {result['split']} WER {result['wer']:.2%} CER {result['cer']:.2%}"
+        f"{ci} ({result['num_utts']} utts, {result['skipped_unreadable']} unreadable skipped, "
         f"{result['eval_seconds']}s)"
     ]
+    if "word_sub" in result:
+        lines.append(
+            f"  words {result['words']}: {result['word_sub']} substituted, "
+            f"{result['word_del']} deleted, {result['word_ins']} inserted"
+        )
     lines += [f"  ref: {ex['ref']}\n  hyp: {ex['hyp']}" for ex in result["examples"]]
+    if result.get("worst"):
+        lines.append(f"  the {len(result['worst'])} utterances with the most word errors:")
+        lines += [
+            f"  {w['word_errors']}/{w['words']} {w['id']}\n    ref: {w['ref']}\n    hyp: {w['hyp']}"
+            for w in result["worst"]
+        ]
     return "\n".join(lines)
 
 
 def write_result(workdir: str, result: dict, step: int, tag: str = "") -> str:
-    """Write RUN/eval/<split>-step<N><tag>.json (process 0) and return its path."""
-    path = os.path.join(workdir, "eval", f"{result['split']}-step{step}{tag}.json")
+    """Write RUN/eval/<split>-step<N><tag>.json and, when the result has its
+    per-utterance rows, RUN/eval/<split>-step<N><tag>-utts.jsonl (one JSON line per
+    utterance: id, ref, hyp and its error counts); process 0. Returns the JSON's path."""
+    base = os.path.join(workdir, "eval", f"{result['split']}-step{step}{tag}")
     if jax.process_index() == 0:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "w") as f:
-            json.dump(result | {"step": step}, f, indent=1)
-    return path
+        os.makedirs(os.path.dirname(base), exist_ok=True)
+        summary = {k: v for k, v in result.items() if k != "utterances"}
+        with open(base + ".json", "w") as f:
+            json.dump(summary | {"step": step}, f, indent=1)
+        if "utterances" in result:
+            with open(base + "-utts.jsonl", "w", encoding="utf-8") as f:
+                for row in result["utterances"]:
+                    f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    return base + ".json"
 
 
-def evaluate_run(run: state_lib.Run, config: ConfigDict, data_dir: str, split: str) -> dict:
-    """Score a loaded run's checkpoint on `data_dir/split` with `config.decoding`."""
+def evaluate_run(
+    run: state_lib.Run,
+    config: ConfigDict,
+    data_dir: str,
+    split: str,
+    decode_fn: Callable | None = None,
+) -> dict:
+    """Score a loaded run's checkpoint on `data_dir/split` with `config.decoding`.
+    `decode_fn` (`make_decode_fn` of the run's model): pass one to reuse its compiled
+    programs across splits and checkpoints of the same model."""
+    if decode_fn is None:
+        decode_fn = make_decode_fn(run.spec.graphdef, config, run.tokenizer.blank_id)
     with jax.set_mesh(run.spec.mesh):  # the models' logical-axis constraints take effect
         return evaluate_split(
             config=config,
-            decode_fn=make_decode_fn(run.spec.graphdef, config, run.tokenizer.blank_id),
+            decode_fn=decode_fn,
             params=run.params,
             model_vars=run.model_vars,
             mesh=run.spec.mesh,
@@ -239,6 +329,70 @@ def evaluate_run(run: state_lib.Run, config: ConfigDict, data_dir: str, split: s
             split=split,
             tokenizer_dir=run.tokenizer_dir,
         )
+
+
+def run_eval_config(
+    workdir: str,
+    method: str | None = None,
+    beam: int | None = None,
+    max_corrupt_fraction: float | None = None,
+) -> ConfigDict:
+    """RUN's config with the command line's decoding and corrupt-record overrides, checked
+    (a decoder the model has no head for is an error before any work).
+
+    Raises:
+      FileNotFoundError: not a run directory. ValueError: a decoder the model cannot run.
+      UserError: a bad scoring.mapping_file.
+    """
+    config = state_lib.load_run_config(workdir)
+    if method:
+        config.decoding.method = method
+    if beam:
+        config.decoding.beam = beam
+    if max_corrupt_fraction is not None:
+        config.data.max_corrupt_fraction = max_corrupt_fraction
+    decoding_method(config)
+    normalizer_from_config(config)
+    return config
+
+
+def result_tag(config: ConfigDict, method: str | None, beam: int | None) -> str:
+    """File-name tag of results decoded otherwise than the run's own config says."""
+    return f"-{decoding_method(config)}-beam{config.decoding.beam}" if method or beam else ""
+
+
+def evaluate_splits(
+    workdir: str,
+    data_dir: str | None,
+    splits: list[str] | None,
+    step: int | None,
+    method: str | None = None,
+    beam: int | None = None,
+    max_corrupt_fraction: float | None = None,
+) -> list[dict]:
+    """Restore RUN's checkpoint (latest unless `step`) once and score each split (default:
+    the run's data.eval_split list), writing RUN/eval/ for each; `method` and `beam`
+    override the run's config.decoding, `max_corrupt_fraction` its
+    data.max_corrupt_fraction.
+
+    Raises:
+      UserError: not a run directory, no such checkpoint, a decoder the model has no
+        head for, a split that is not prepared.
+    """
+    try:
+        config = run_eval_config(workdir, method, beam, max_corrupt_fraction)
+        data_dir = data_dir or config.data.dir
+        splits = splits or parse_splits(config.data.eval_split)
+        with rules.axis_rules(state_lib.rules_from_config(config)):
+            run = state_lib.load_run(workdir, step=step)
+            decode = make_decode_fn(run.spec.graphdef, config, run.tokenizer.blank_id)
+            results = [evaluate_run(run, config, data_dir, split, decode) for split in splits]
+    except (FileNotFoundError, ValueError, ckpt_lib.CheckpointError) as e:
+        raise UserError(str(e)) from e
+    for result in results:
+        result["step"] = run.step
+        write_result(workdir, result, run.step, result_tag(config, method, beam))
+    return results
 
 
 def evaluate_workdir(
@@ -250,39 +404,28 @@ def evaluate_workdir(
     beam: int | None = None,
     max_corrupt_fraction: float | None = None,
 ) -> dict:
-    """Restore RUN's checkpoint (latest unless `step`) and score a split; `method` and
-    `beam` override the run's config.decoding, `max_corrupt_fraction` its
-    data.max_corrupt_fraction.
-
-    Raises:
-      UserError: not a run directory, no such checkpoint, a decoder the model has no
-        head for, a split that is not prepared.
-    """
-    try:
-        config = state_lib.load_run_config(workdir)
-        if method:
-            config.decoding.method = method
-        if beam:
-            config.decoding.beam = beam
-        if max_corrupt_fraction is not None:
-            config.data.max_corrupt_fraction = max_corrupt_fraction
-        decoding_method(config)  # a method the model cannot run is an error before any work
-        data_dir = data_dir or config.data.dir
-        split = split or config.data.eval_split
-        with rules.axis_rules(state_lib.rules_from_config(config)):
-            run = state_lib.load_run(workdir, step=step)
-            result = evaluate_run(run, config, data_dir, split)
-    except (FileNotFoundError, ValueError, ckpt_lib.CheckpointError) as e:
-        raise UserError(str(e)) from e
-    step = run.step
-    result["step"] = step
-    # Runs decoded another way than the run's own config keep their own file.
-    tag = f"-{decoding_method(config)}-beam{config.decoding.beam}" if method or beam else ""
-    write_result(workdir, result, step, tag)
-    return result
+    """`evaluate_splits` of one split (default: the run's first data.eval_split); its
+    result."""
+    return evaluate_splits(
+        workdir, data_dir, [split] if split else None, step, method, beam, max_corrupt_fraction
+    )[0]
 
 
 FLAGS = flags.FLAGS
+
+
+def print_result(result: dict) -> None:
+    """Examples and the worst utterances to stderr, the scores as one JSON line to stdout."""
+    for ex in result.pop("examples"):
+        print(f"  ref: {ex['ref']}\n  hyp: {ex['hyp']}", file=sys.stderr)
+    for w in result.get("worst", []):
+        print(
+            f"  worst {w['word_errors']}/{w['words']} {w['id']}\n    ref: {w['ref']}\n"
+            f"    hyp: {w['hyp']}",
+            file=sys.stderr,
+        )
+    result.pop("utterances", None)  # in RUN/eval/<split>-step<N>-utts.jsonl
+    print(json.dumps(result), flush=True)
 
 
 def main(argv: list[str]) -> None:
@@ -290,18 +433,20 @@ def main(argv: list[str]) -> None:
         cli.usage_error(f"unexpected arguments: {argv[1:]}")
 
     def job() -> None:
-        result = evaluate_workdir(
-            FLAGS.workdir,
-            FLAGS.data,
-            FLAGS.split,
-            FLAGS.step,
-            FLAGS.method,
-            FLAGS.beam,
-            FLAGS.max_corrupt_fraction,
-        )
-        for ex in result.pop("examples"):
-            print(f"  ref: {ex['ref']}\n  hyp: {ex['hyp']}", file=sys.stderr)
-        print(json.dumps(result), flush=True)
+        if FLAGS.watch and FLAGS.step is not None:
+            cli.usage_error("--step and --watch exclude each other (--watch scores every step)")
+        splits = parse_splits(FLAGS.split) if FLAGS.split else None
+        overrides = (FLAGS.method, FLAGS.beam, FLAGS.max_corrupt_fraction)
+        if FLAGS.watch:
+            from jaxspeech import eval_watch  # the watcher imports this module
+
+            eval_watch.watch(
+                FLAGS.workdir, FLAGS.data, splits, *overrides,
+                timeout_s=FLAGS.watch_timeout, poll_s=FLAGS.watch_poll_s,
+            )  # fmt: skip
+            return
+        for result in evaluate_splits(FLAGS.workdir, FLAGS.data, splits, FLAGS.step, *overrides):
+            print_result(result)
 
     cli.run_job(job)
 
@@ -310,8 +455,29 @@ if __name__ == "__main__":
     mesh_lib.define_flags()
     flags.DEFINE_string("workdir", None, "Run directory written by jaxspeech.train.", required=True)
     flags.DEFINE_string("data", None, "Prepared data directory (default: the run's data.dir).")
-    flags.DEFINE_string("split", None, "Split to score (default: the run's data.eval_split).")
-    flags.DEFINE_integer("step", None, "Checkpoint step (default: latest).")
+    flags.DEFINE_string(
+        "split", None, "Splits to score, comma-separated (default: the run's data.eval_split)."
+    )
+    flags.DEFINE_bool(
+        "watch",
+        False,
+        "Follow the run: evaluate every newly committed checkpoint once per split, keep "
+        "progress in RUN/eval/watch.json, exit when the run's final checkpoint is scored.",
+    )
+    flags.DEFINE_float(
+        "watch_timeout",
+        0.0,
+        "With --watch: stop after this many seconds without a new "
+        "checkpoint (0 = wait until the run finishes).",
+        lower_bound=0.0,
+    )
+    flags.DEFINE_float(
+        "watch_poll_s",
+        30.0,
+        "With --watch: seconds between looks for new checkpoints.",
+        lower_bound=0.0,
+    )
+    flags.DEFINE_integer("step", None, "Checkpoint step (default: latest; not with --watch).")
     flags.DEFINE_enum(
         "method", None, list(DECODERS), "Decoder (default: the run's config.decoding.method)."
     )

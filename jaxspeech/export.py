@@ -297,7 +297,11 @@ def export_run(
             one = state_lib.mesh_from_config(_single_device(config), devices=jax.devices()[:1])
             run = state_lib.load_run(workdir, step=step, mesh=one)
             scores = None
-            split = config.data.eval_split if eval_split is None else eval_split
+            split = (
+                evaluate.parse_splits(config.data.eval_split)[0]
+                if eval_split is None
+                else eval_split
+            )
             if split:
                 data_dir = data_dir or config.data.dir
                 result = evaluate.evaluate_run(run, config, data_dir, split)

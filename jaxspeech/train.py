@@ -89,6 +89,9 @@ class Trainer:
             workdir, self.train_pipe.index, config.data.max_corrupt_fraction, self.events
         )
         self.eval_faults = faults.FaultLog(None, what=f"evaluating {config.data.eval_split}")
+        # Mistakes in the evaluation settings stop the run now, not at its first evaluation.
+        self.eval_splits = eval_lib.parse_splits(config.data.eval_split)
+        eval_lib.normalizer_from_config(config)
 
         # ---------------------------------------------------------- model & optimizer
         try:
@@ -409,28 +412,33 @@ class Trainer:
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, step: int) -> dict:
-        """WER/CER of config.data.eval_split, to RUN/eval/, TensorBoard and the console."""
+        """WER/CER of each split of config.data.eval_split, to RUN/eval/, TensorBoard and
+        the console. Returns the first split's result: its WER ranks the checkpoints."""
         config, ts = self.config, self.state
-        with self.goodput.phase("eval"), jax.set_mesh(self.mesh):
-            result = eval_lib.evaluate_split(
-                config=config,
-                decode_fn=self.decode_fn,
-                params=ts.params,
-                model_vars=ts.model_vars,
-                mesh=self.mesh,
-                data_dir=config.data.dir,
-                split=config.data.eval_split,
-                tokenizer_dir=self.tokenizer_dir,
-                fault_log=self.eval_faults,
+        results = []
+        for split in self.eval_splits:
+            with self.goodput.phase("eval"), jax.set_mesh(self.mesh):
+                result = eval_lib.evaluate_split(
+                    config=config,
+                    decode_fn=self.decode_fn,
+                    params=ts.params,
+                    model_vars=ts.model_vars,
+                    mesh=self.mesh,
+                    data_dir=config.data.dir,
+                    split=split,
+                    tokenizer_dir=self.tokenizer_dir,
+                    fault_log=self.eval_faults,
+                )
+            eval_lib.write_result(self.workdir, result, step)
+            self.writer.scalars(
+                step, {f"eval/{split}/wer": result["wer"], f"eval/{split}/cer": result["cer"]}
             )
-        eval_lib.write_result(self.workdir, result, step)
-        split = result["split"]
-        self.writer.scalars(
-            step, {f"eval/{split}/wer": result["wer"], f"eval/{split}/cer": result["cer"]}
-        )
-        log(eval_lib.describe_result(result, step))
-        self.events.write("evaluated", step=step, split=split, wer=result["wer"], cer=result["cer"])
-        return result
+            log(eval_lib.describe_result(result, step))
+            self.events.write(
+                "evaluated", step=step, split=split, wer=result["wer"], cer=result["cer"]
+            )
+            results.append(result)
+        return results[0]
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, done: int, why: str, eval_result: dict | None) -> None:

@@ -100,8 +100,10 @@ def other_value(config: ConfigDict, key: str) -> tuple[object, tuple[str, ...]]:
             return next(v for v in STR_CHOICES[key] if v != default), ()
         if key.startswith("mesh.rules."):  # mesh axes: another valid one, or replicated
             return ("" if default else "tensor"), ()
-        if key == "init_from" or key.endswith(("dir", "_manifest")):
+        if key == "init_from" or key.endswith(("dir", "_manifest", "_file")):
             return "runs/other", ()
+        if key == "data.eval_split":  # a comma-separated list of splits
+            return f"{default},other", ()
     raise AssertionError(f"no valid test value for {key} = {default!r}: add one here")
 
 
@@ -152,17 +154,18 @@ def readme_refs() -> dict[str, list]:
 
 
 def test_readme_walk_finds_every_reference():
-    """Counted by hand in README.md: 10 settings with a value (6 as `--config.` flags: num_steps,
-    num_layers, fsdp, run_steps, init_from, log_batch_ids; 4 in prose: loader_shards,
-    dtype, grad_accum, remat), 16 without one (batch_seconds, waveform_aug, specaug, seed,
-    mesh.{...}, mesh.rules, mesh.rules.embed (set empty), count_flops, peak_tflops, encoder,
-    conformer.*, lstm.*, head, ctc_weight, rnnt, method), the syntax `--config.KEY=VALUE`
+    """Counted by hand in README.md: 11 settings with a value (6 as `--config.` flags: num_steps,
+    num_layers, fsdp, run_steps, init_from, log_batch_ids; 5 in prose: loader_shards,
+    dtype, grad_accum, remat, eval_split), 24 without one (batch_seconds, waveform_aug,
+    specaug, seed, mesh.{...}, mesh.rules, mesh.rules.embed (set empty), count_flops,
+    peak_tflops, encoder, conformer.*, lstm.*, head, ctc_weight, rnnt, method, the five
+    scoring keys), the syntax `--config.KEY=VALUE`
     and RUN/config.json twice. Pinned, so a regex that stops matching cannot leave the
     tests below with nothing to check; after editing the README's options, recount and
     update."""
     refs = readme_refs()
     counts = {kind: len(found) for kind, found in refs.items()}
-    assert counts == {"override": 10, "reference": 19, "syntax": 1, "file": 2}, refs
+    assert counts == {"override": 11, "reference": 24, "syntax": 1, "file": 2}, refs
     assert "model.conformer.remat" in dict(refs["override"])  # the issue's example
 
 

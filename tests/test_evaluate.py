@@ -1,7 +1,18 @@
+import json
+
 import numpy as np
+import pytest
 
 from configs import demo
-from jaxspeech.evaluate import eval_bucket_spec
+from jaxspeech import eval_watch
+from jaxspeech.errors import UserError
+from jaxspeech.evaluate import (
+    eval_bucket_spec,
+    normalizer_from_config,
+    parse_splits,
+    summarize_utterances,
+    write_result,
+)
 
 
 def test_eval_buckets_cover_the_longest_utterance():
@@ -14,3 +25,82 @@ def test_eval_buckets_cover_the_longest_utterance():
     config.data.eval_bucket_boundaries = None
     spec = eval_bucket_spec(config, np.array([1.0, 2.0], np.float32), multiple_of=1)
     assert spec.boundaries == tuple(config.data.bucket_boundaries)
+
+
+def _row(utt_id, word_errors, words, char_errors=0, chars=10):
+    return {
+        "id": utt_id,
+        "ref": f"ref {utt_id}",
+        "hyp": f"hyp {utt_id}",
+        "word_errors": word_errors,
+        "words": words,
+        "char_errors": char_errors,
+        "chars": chars,
+    }
+
+
+def test_summary_has_intervals_around_the_rates_and_the_worst_utterances_first():
+    config = demo.get_config()
+    config.scoring.worst = 2
+    rng = np.random.default_rng(0)
+    rows = [
+        _row(f"u{i}", int(rng.integers(0, 4)), 8, int(rng.integers(0, 6)), 30) for i in range(300)
+    ]
+    rows[7]["word_errors"], rows[9]["word_errors"] = 8, 8
+    rows[9]["char_errors"] = 29
+    got = summarize_utterances(rows, config)
+    wer = sum(r["word_errors"] for r in rows) / sum(r["words"] for r in rows)
+    cer = sum(r["char_errors"] for r in rows) / sum(r["chars"] for r in rows)
+    assert got["wer_ci95"][0] < wer < got["wer_ci95"][1]
+    assert got["cer_ci95"][0] < cer < got["cer_ci95"][1]
+    # Most word errors first; ties broken by character errors.
+    assert [w["id"] for w in got["worst"]] == ["u9", "u7"]
+    assert set(got["worst"][0]) == {"id", "ref", "hyp", "word_errors", "words"}
+    config.scoring.bootstrap_samples = 0
+    assert "wer_ci95" not in summarize_utterances(rows, config)
+
+
+def test_splits_and_the_scoring_settings_are_checked(tmp_path):
+    assert parse_splits("dev, test") == ["dev", "test"]
+    for bad in ("dev,,test", "dev,dev", ""):
+        with pytest.raises(UserError, match="distinct names"):
+            parse_splits(bad)
+    config = demo.get_config()
+    config.scoring.lowercase = config.scoring.remove_punctuation = True
+    mapping = tmp_path / "map.tsv"
+    mapping.write_text("okay\tok\n")
+    config.scoring.mapping_file = str(mapping)
+    assert normalizer_from_config(config)("Okay, FINE.") == "ok fine"
+    config.scoring.mapping_file = str(tmp_path / "missing.tsv")
+    with pytest.raises(UserError, match="scoring.mapping_file"):
+        normalizer_from_config(config)
+    del config["scoring"]  # a run that predates the key: scored as before
+    assert normalizer_from_config(config)("Okay, FINE.") == "Okay, FINE."
+
+
+def test_write_result_keeps_utterances_in_their_own_file(tmp_path):
+    rows = [_row("a", 1, 3), _row("b", 0, 2)]
+    result = {"split": "dev", "wer": 0.2, "examples": [], "utterances": rows}
+    path = write_result(str(tmp_path), result, 7)
+    assert path == str(tmp_path / "eval" / "dev-step7.json")
+    saved = json.load(open(path))
+    assert "utterances" not in saved and saved["step"] == 7 and saved["wer"] == 0.2
+    lines = (tmp_path / "eval" / "dev-step7-utts.jsonl").read_text().splitlines()
+    assert [json.loads(line) for line in lines] == rows
+    assert result["utterances"] == rows  # the caller's result is left as it was
+
+
+def test_the_watcher_plans_each_missing_split_of_each_step_once(tmp_path):
+    progress = eval_watch.load_progress(str(tmp_path), ["dev", "test"])
+    assert progress == {"done": {"dev": [], "test": []}, "skipped": {}}
+    progress["done"]["dev"] = [4]
+    progress["skipped"]["6"] = "removed"
+    assert eval_watch.pending([8, 4, 6], ["dev", "test"], progress) == [
+        (4, ["test"]),
+        (8, ["dev", "test"]),
+    ]
+    eval_watch.save_progress(str(tmp_path), progress)
+    again = eval_watch.load_progress(str(tmp_path), ["dev", "test", "other"])
+    assert again["done"] == {"dev": [4], "test": [], "other": []}
+    assert again["skipped"] == {"6": "removed"}
+    assert not list((tmp_path / "eval").glob("*.tmp"))

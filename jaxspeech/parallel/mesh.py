@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Mapping
@@ -312,3 +313,24 @@ def sum_over_processes(values: np.ndarray) -> np.ndarray:
     from jax.experimental import multihost_utils
 
     return np.asarray(multihost_utils.process_allgather(values)).sum(axis=0)
+
+
+def allgather_json(items: list) -> list:
+    """Every process's `items` (JSON-able), concatenated in process order, on every
+    process: per-utterance results of a multi-host evaluation, for example.
+
+    Items travel as UTF-8 JSON bytes, zero-padded to the longest process's.
+    """
+    if jax.process_count() == 1:
+        return list(items)
+    from jax.experimental import multihost_utils
+
+    data = np.frombuffer(json.dumps(items).encode("utf-8"), np.uint8)
+    sizes = np.asarray(multihost_utils.process_allgather(np.array([data.size], np.int64)))
+    padded = np.zeros(int(sizes.max()), np.uint8)
+    padded[: data.size] = data
+    everything = np.asarray(multihost_utils.process_allgather(padded))  # (P, longest)
+    out: list = []
+    for p, size in enumerate(sizes.reshape(-1)):
+        out += json.loads(everything[p, : int(size)].tobytes().decode("utf-8"))
+    return out

@@ -42,13 +42,16 @@ def _build_corpus(root: Path) -> str:
 
 @pytest.fixture(scope="session")
 def tiny_run(corpus, tmp_path_factory):
-    """One finished tiny run (8 steps, checkpoints 4 and 8, evaluated on dev at the end),
+    """One finished tiny run (8 steps, checkpoints 4 and 8, evaluated on dev and test at
+    the end),
     shared by the resume, evaluation and fault tests; they copy it before changing it.
     Returns (run directory, the run's console output)."""
     _, shards = corpus
 
     def build(workdir: Path) -> str:
-        return run_module("jaxspeech.train", *train_args(workdir, shards)).stdout
+        # Evaluated on both held-out splits at the end: the in-loop multi-split path.
+        args = train_args(workdir, shards, "--config.data.eval_split=dev,test")
+        return run_module("jaxspeech.train", *args).stdout
 
     return built_once(tmp_path_factory, "tiny", build)
 
