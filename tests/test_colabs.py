@@ -3,9 +3,10 @@ pointing at their own file, the install cell second.
 
 Each notebook runs in a fresh `python3` kernel whose working directory and TMPDIR are a
 pytest tmp_path (the notebooks write their data under a temporary directory of their own,
-never into the repository). The kernel inherits the rest of this process's environment:
-JAX_PLATFORMS=cpu and 8 simulated devices from tests/conftest.py. One test per notebook, so
-that pytest-xdist spreads them over its workers.
+never into the repository). The kernel inherits the rest of this process's environment
+(JAX_PLATFORMS=cpu) with one CPU device, as on Colab's CPU runtime; 04_scale sets up its own
+8 simulated devices. One test per notebook, so that pytest-xdist spreads them over its
+workers.
 """
 
 import os

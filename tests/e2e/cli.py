@@ -11,15 +11,27 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 @functools.cache
 def compile_cache() -> str:
-    """One persistent compilation cache for every process of the test session: a program
-    that one test's run compiled is loaded, not compiled again, by the next run."""
-    return tempfile.mkdtemp(prefix="jaxspeech-test-jit-cache-")
+    """One persistent compilation cache for every process of the test session, on both
+    pytest-xdist workers (they share PYTEST_XDIST_TESTRUNUID): a program that one test's
+    run compiled is loaded, not compiled again, by the next run."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run is None:
+        return tempfile.mkdtemp(prefix="jaxspeech-test-jit-cache-")
+    path = os.path.join(tempfile.gettempdir(), f"jaxspeech-test-jit-cache-{run}")
+    os.makedirs(path, exist_ok=True)
+    return path
 
 
 def cpu_env(devices: int = 1) -> dict:
     """The environment of a CPU job with `devices` devices (1: as users run it) that
-    shares the session's compilation cache."""
-    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=compile_cache())
+    shares the session's compilation cache. A size limit turns on the cache's file lock
+    (jax's LRU cache), so processes of both workers never read an entry half written."""
+    env = dict(
+        os.environ,
+        JAX_PLATFORMS="cpu",
+        JAX_COMPILATION_CACHE_DIR=compile_cache(),
+        JAX_COMPILATION_CACHE_MAX_SIZE=str(16 * 2**30),
+    )
     env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}" if devices > 1 else ""
     return env
 
