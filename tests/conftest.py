@@ -1,12 +1,18 @@
-"""Test-wide setup: 8 CPU devices, so sharding tests run on a simulated mesh."""
+"""Test-wide setup: 8 CPU devices, so sharding tests run on a simulated mesh, and XLA's
+CPU backend without its expensive LLVM optimizations."""
 
 import os
+
+from tests.e2e.cli import QUICK_COMPILE_FLAGS
 
 # Must happen before jax initializes its backend (i.e. before any test imports jax).
 os.environ["JAX_PLATFORMS"] = "cpu"
 _flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in _flags:
-    os.environ["XLA_FLAGS"] = f"{_flags} --xla_force_host_platform_device_count=8".strip()
+    _flags = f"{_flags} --xla_force_host_platform_device_count=8"
+if "xla_backend_optimization_level" not in _flags:
+    _flags = f"{_flags} {QUICK_COMPILE_FLAGS}"
+os.environ["XLA_FLAGS"] = _flags.strip()
 
 import jax  # noqa: E402
 

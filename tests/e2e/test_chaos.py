@@ -87,4 +87,7 @@ def test_quick_chaos_resumes_exactly(corpus, tmp_path):
     # step N + 1 with save N in flight goes back to N - C; see the module docstring).
     assert r["max_steps_lost"] <= 2 * every
     assert r["resumed_latest_committed"] and r["sigterm_clean"]
-    assert 0 < r["goodput"] < 1
+    # Goodput is a ratio of wall times (a figure to report, not a pass criterion): the
+    # reference run compiles what the chaos runs then load from the compilation cache,
+    # and the other xdist worker's load varies, so it may come out above 1.
+    assert r["goodput"] > 0
