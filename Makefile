@@ -20,8 +20,9 @@ $(VENV)/bin/activate:
 	$(VENV)/bin/pip install --quiet --upgrade pip uv
 
 # uv resolves and installs the whole stack in seconds where pip takes minutes.
+# [lm]: KenLM's Python module, for the demo's evaluation with a language model.
 $(VENV)/.installed: pyproject.toml | $(VENV)/bin/activate
-	$(UV) pip install --python $(PY) --quiet -e .
+	$(UV) pip install --python $(PY) --quiet -e '.[lm]'
 	touch $@
 
 $(VENV)/.installed-dev: pyproject.toml $(VENV)/.installed
@@ -75,6 +76,10 @@ $(DEMO_DATA)/shards/.done: $(DEMO_DATA)/raw/.done
 demo: $(DEMO_DATA)/shards/.done
 	$(PY) -m jaxspeech.train --config $(DEMO_CONFIG) --workdir $(DEMO_RUN)
 	$(PY) -m jaxspeech.evaluate --workdir $(DEMO_RUN) --data $(DEMO_DATA)/shards --split test
+	$(PY) -m data_prep.lm --data $(DEMO_DATA)/shards --split train --order 3 \
+	    --output $(DEMO_RUN)/lm/train-3gram.arpa
+	$(PY) -m jaxspeech.evaluate --workdir $(DEMO_RUN) --data $(DEMO_DATA)/shards --split test \
+	    --beam 32 --lm $(DEMO_RUN)/lm/train-3gram.arpa
 
 # JAXSPEECH_REQUIRE_ONNX: the ONNX tests fail, not skip, if the converter is missing.
 test: $(VENV)/.installed-dev $(ONNX_VENV)/.installed

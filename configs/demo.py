@@ -40,9 +40,10 @@ Recipe notes (each measured with a full run on the demo corpus; test/dev CER):
 
 from ml_collections import ConfigDict
 
+from jaxspeech import search
 from jaxspeech.parallel import rules
 
-VARIANTS = ("default", "long", "tiny", "rnnt", "ctc_rnnt")
+VARIANTS = ("default", "long", "tiny", "rnnt", "ctc_rnnt", "streaming")
 
 
 def get_config(arg: str | None = None) -> ConfigDict:
@@ -196,6 +197,12 @@ def get_config(arg: str | None = None) -> ConfigDict:
     c.decoding.method = "auto"
     c.decoding.beam = 4
     c.decoding.max_symbols_per_frame = 3  # RNN-T greedy
+    # Shallow fusion of a word n-gram LM (ARPA/KenLM file, `python -m data_prep.lm`) in
+    # ctc_beam and rnnt_beam: score + lm_weight * ln P_lm(words) + word_bonus * words
+    # (defaults tuned on the demo's dev set; see jaxspeech.search).
+    c.decoding.lm_path = ""
+    c.decoding.lm_weight = search.LM_WEIGHT
+    c.decoding.word_bonus = search.WORD_BONUS
 
     # How hypotheses are scored against references (evaluation, in-loop and standalone).
     c.scoring = ConfigDict()
@@ -274,6 +281,12 @@ def get_config(arg: str | None = None) -> ConfigDict:
         c.train.num_steps = 1800
     if variant in ("rnnt", "ctc_rnnt"):
         c.model.head = "rnnt" if variant == "rnnt" else "ctc+rnnt"
+    if variant == "streaming":
+        # Causal convolutions and chunked attention with a chunk size drawn per batch:
+        # one model decoded in chunks of any size (evaluated in-loop at 16 frames, 640 ms).
+        c.model.conformer.causal = True
+        c.model.conformer.dynamic_chunk = True
+        c.model.conformer.chunk_size = 16
     if variant == "tiny":
         c.data.bucket_boundaries = (3.0, 8.0)
         c.specaug.num_freq_masks = 2  # exercise every augmentation in the tests

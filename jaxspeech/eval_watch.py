@@ -27,7 +27,7 @@ from collections.abc import Callable
 import jax
 
 from jaxspeech import checkpoint as ckpt_lib
-from jaxspeech import evaluate, status
+from jaxspeech import evaluate, search, status
 from jaxspeech import state as state_lib
 from jaxspeech.errors import UserError
 from jaxspeech.metrics.writers import MetricWriter
@@ -103,6 +103,7 @@ def watch(
     method: str | None = None,
     beam: int | None = None,
     max_corrupt_fraction: float | None = None,
+    decoding: dict | None = None,
     *,
     timeout_s: float = 0.0,
     poll_s: float = 30.0,
@@ -117,12 +118,12 @@ def watch(
         not prepared, a corrupt split.
     """
     try:
-        config = evaluate.run_eval_config(workdir, method, beam, max_corrupt_fraction)
+        config = evaluate.run_eval_config(workdir, method, beam, max_corrupt_fraction, decoding)
     except (FileNotFoundError, ValueError) as e:
         raise UserError(str(e)) from e
     data_dir = data_dir or config.data.dir
     splits = splits or evaluate.parse_splits(config.data.eval_split)
-    tag = evaluate.result_tag(config, method, beam)
+    tag = evaluate.result_tag(config, method, beam, decoding)
     progress = load_progress(workdir, splits)
     # The training run's TensorBoard directory (another event file in it), and every
     # score as a JSON line for scripts.
@@ -169,7 +170,7 @@ def score_step(
     `decoders` caches the compiled decoder (the model's structure does not change)."""
     try:
         with rules.axis_rules(state_lib.rules_from_config(config)):
-            run = state_lib.load_run(workdir, step=step)
+            run = state_lib.load_run(workdir, step=step, config=config)
     except ckpt_lib.CheckpointError as e:
         gone = step not in committed_steps(workdir)
         reason = "removed before it was evaluated (train.keep_checkpoints)" if gone else str(e)
@@ -178,12 +179,15 @@ def score_step(
         save_progress(workdir, progress)
         return
     if "decode" not in decoders:
-        decoders["decode"] = evaluate.make_decode_fn(
+        decoders["decode"] = search.make_decode_fn(
             run.spec.graphdef, config, run.tokenizer.blank_id
         )
+        decoders["searcher"] = search.Searcher(config, run.tokenizer, run.spec.graphdef)
     for split in splits:
         try:
-            result = evaluate.evaluate_run(run, config, data_dir, split, decoders["decode"])
+            result = evaluate.evaluate_run(
+                run, config, data_dir, split, decoders["decode"], decoders["searcher"]
+            )
         except (FileNotFoundError, ValueError) as e:
             raise UserError(str(e)) from e
         result["step"] = step

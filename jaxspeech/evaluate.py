@@ -8,7 +8,7 @@ run instead (`jaxspeech.eval_watch`). The run's own tokenizer (RUN/assets/tokeni
 and normalization statistics (inside the checkpoint) are used, so DIR may be
 any corpus prepared with `python -m data_prep.prepare`.
 
-The library half (`make_decode_fn`, `evaluate_split`) is what training's periodic
+The library half (`evaluate_split`, with `search.make_decode_fn`) is what training's periodic
 evaluation calls; the model and its checkpoint come from `jaxspeech.state`.
 """
 
@@ -24,81 +24,18 @@ from collections.abc import Callable
 import jax
 import numpy as np
 from absl import app, flags, logging
-from flax import nnx
 from ml_collections import ConfigDict
 
 from jaxspeech import checkpoint as ckpt_lib
-from jaxspeech import cli, faults, inputs
+from jaxspeech import cli, faults, inputs, search
 from jaxspeech import state as state_lib
 from jaxspeech.data import pipeline as pipeline_lib
 from jaxspeech.data import records
 from jaxspeech.data.tokenizer import Tokenizer
-from jaxspeech.decoding import ctc as ctc_decoding
-from jaxspeech.decoding import rnnt as rnnt_decoding
 from jaxspeech.errors import UserError
 from jaxspeech.metrics.wer import ErrorCounts, Normalizer, bootstrap_interval, load_mapping
 from jaxspeech.parallel import mesh as mesh_lib
 from jaxspeech.parallel import rules
-
-DECODERS = ("ctc_greedy", "ctc_beam", "rnnt_greedy", "rnnt_beam")
-
-
-# ---------------------------------------------------------------- decoding
-def decoding_method(config: ConfigDict) -> str:
-    """config.decoding.method, with "auto" resolved and checked against the model's head."""
-    method, heads = config.decoding.method, config.model.head.split("+")
-    if method == "auto":
-        return "rnnt_greedy" if "rnnt" in heads else "ctc_greedy"
-    if method not in DECODERS:
-        raise ValueError(f"decoding.method must be auto or one of {DECODERS}, got {method!r}")
-    if method.split("_")[0] not in heads:
-        raise ValueError(f"decoding.method {method!r} needs a model with that head, not {heads}")
-    return method
-
-
-def make_decode_fn(graphdef, config: ConfigDict, blank_id: int) -> Callable:
-    """decode(params, model_vars, audio, audio_len) -> device outputs for `hypotheses`."""
-    method, dec = decoding_method(config), config.decoding
-
-    @jax.jit
-    def decode(params, model_vars, audio_bs, audio_len_b):
-        model = nnx.merge(graphdef, params, model_vars)
-        enc, lengths = model(audio_bs, audio_len_b, train=False)
-        if method == "ctc_greedy":
-            return {"ids": ctc_decoding.greedy_ids(model.ctc_logits(enc)), "lengths": lengths}
-        if method == "ctc_beam":
-            return {"logprobs": jax.nn.log_softmax(model.ctc_logits(enc)), "lengths": lengths}
-        tr = model.transducer
-        pred_init, pred_step, joint = tr.decoder_fns()
-        enc_proj = tr.joiner.enc_proj(enc)
-        if method == "rnnt_greedy":
-            tokens, num = rnnt_decoding.rnnt_greedy(
-                enc_proj,
-                lengths,
-                pred_init,
-                pred_step,
-                joint,
-                blank_id=blank_id,
-                max_symbols_per_frame=dec.max_symbols_per_frame,
-            )
-        else:
-            tokens, num, _ = rnnt_decoding.rnnt_modified_beam_search(
-                enc_proj, lengths, pred_init, pred_step, joint, beam=dec.beam, blank_id=blank_id
-            )
-        return {"tokens": tokens, "num_tokens": num}
-
-    return decode
-
-
-def hypotheses(out: dict, config: ConfigDict, blank_id: int) -> list[list[int]]:
-    """Host-local decode outputs -> one label sequence per row."""
-    if "ids" in out:
-        return ctc_decoding.collapse(out["ids"], out["lengths"], blank_id=blank_id)
-    if "logprobs" in out:
-        return ctc_decoding.ctc_beam_search_batch(
-            out["logprobs"], out["lengths"], beam=config.decoding.beam, blank_id=blank_id
-        )
-    return rnnt_decoding.to_lists(out["tokens"], out["num_tokens"])
 
 
 # ---------------------------------------------------------------- scoring
@@ -189,12 +126,15 @@ def evaluate_split(
     tokenizer_dir: str,
     num_examples: int = 3,
     fault_log: faults.FaultLog | None = None,
+    searcher: search.Searcher | None = None,
 ) -> dict:
     """Decode every utterance of `data_dir/split` (config.decoding): WER/CER and examples.
 
     A record that cannot be read or decoded is reported (`fault_log`), counted in the
     result's "skipped_unreadable" and left out of WER; more than
-    data.max_corrupt_fraction of the split raises faults.CorpusDamaged.
+    data.max_corrupt_fraction of the split raises faults.CorpusDamaged. `searcher` (the
+    host half of config.decoding; built here if not given) must be given for RNN-T beam
+    search with an LM and for decoding.streaming, which need the model's graph.
     """
     t0 = time.time()
     index = records.read_split_index(data_dir, split)
@@ -213,16 +153,27 @@ def evaluate_split(
         retry=inputs.retry_policy(config),
     )
     tokenizer = Tokenizer.load(tokenizer_dir)
+    searcher = searcher or search.Searcher(config, tokenizer)
+    hypotheses = searcher.bind(params, model_vars)
+    stream = None
+    if config.decoding.get("streaming", False):
+        longest = float(index.durations.max()) if index.num_records else 0.0
+        stream = search.StreamDecoder(
+            searcher.graphdef, params, model_vars, config, tokenizer.blank_id, longest
+        )
     normalize = normalizer_from_config(config)
     fault_log = fault_log or faults.FaultLog(None, what=f"evaluating {split}")
     counts, examples, rows, unreadable = ErrorCounts(), [], [], 0
     for batch in pipe.dataset():
         fault_log.add(batch["faults"])
         unreadable += int(batch["corrupt"].sum())
-        arrays = mesh_lib.host_to_global(mesh, {k: batch[k] for k in ("audio", "audio_len")})
-        out = decode_fn(params, model_vars, arrays["audio"], arrays["audio_len"])
-        out = {k: mesh_lib.to_host_local(mesh, v) for k, v in out.items()}
-        hyps = hypotheses(out, config, tokenizer.blank_id)
+        if stream:  # each row through the stream functions, on this process's device
+            out = stream(batch["audio"], batch["audio_len"])
+        else:
+            arrays = mesh_lib.host_to_global(mesh, {k: batch[k] for k in ("audio", "audio_len")})
+            out = decode_fn(params, model_vars, arrays["audio"], arrays["audio_len"])
+            out = {k: mesh_lib.to_host_local(mesh, v) for k, v in out.items()}
+        hyps = hypotheses(out)
         for utt_id, ref, hyp_ids in zip(batch["id"], batch["text"], hyps):
             if not utt_id:  # a padding row
                 continue
@@ -243,7 +194,7 @@ def evaluate_split(
     )
     return {
         "split": split,
-        "decoding": decoding_method(config),
+        "decoding": search.decoding_method(config),
         "num_utts": counts.utterances,
         "skipped_unreadable": unreadable,
         "wer": round(counts.wer, 5),
@@ -312,12 +263,15 @@ def evaluate_run(
     data_dir: str,
     split: str,
     decode_fn: Callable | None = None,
+    searcher: search.Searcher | None = None,
 ) -> dict:
     """Score a loaded run's checkpoint on `data_dir/split` with `config.decoding`.
-    `decode_fn` (`make_decode_fn` of the run's model): pass one to reuse its compiled
-    programs across splits and checkpoints of the same model."""
+    `decode_fn` (`search.make_decode_fn` of the run's model) and `searcher`: pass them to
+    reuse compiled programs and the loaded LM across splits and checkpoints of one model."""
     if decode_fn is None:
-        decode_fn = make_decode_fn(run.spec.graphdef, config, run.tokenizer.blank_id)
+        decode_fn = search.make_decode_fn(run.spec.graphdef, config, run.tokenizer.blank_id)
+    if searcher is None:
+        searcher = search.Searcher(config, run.tokenizer, run.spec.graphdef)
     with jax.set_mesh(run.spec.mesh):  # the models' logical-axis constraints take effect
         return evaluate_split(
             config=config,
@@ -328,6 +282,7 @@ def evaluate_run(
             data_dir=data_dir,
             split=split,
             tokenizer_dir=run.tokenizer_dir,
+            searcher=searcher,
         )
 
 
@@ -336,12 +291,17 @@ def run_eval_config(
     method: str | None = None,
     beam: int | None = None,
     max_corrupt_fraction: float | None = None,
+    decoding: dict | None = None,
 ) -> ConfigDict:
     """RUN's config with the command line's decoding and corrupt-record overrides, checked
-    (a decoder the model has no head for is an error before any work).
+    (a decoder the model has no head for is an error before any work). `decoding`: any of
+    lm_path ("" for no LM), lm_weight, word_bonus, streaming for config.decoding, and
+    chunk_size for model.conformer (the chunk size a streaming model is decoded with);
+    None values leave the run's.
 
     Raises:
-      FileNotFoundError: not a run directory. ValueError: a decoder the model cannot run.
+      FileNotFoundError: not a run directory. ValueError: a decoder the model cannot run,
+        an LM with a greedy decoder, a chunk size below 0.
       UserError: a bad scoring.mapping_file.
     """
     config = state_lib.load_run_config(workdir)
@@ -351,14 +311,44 @@ def run_eval_config(
         config.decoding.beam = beam
     if max_corrupt_fraction is not None:
         config.data.max_corrupt_fraction = max_corrupt_fraction
-    decoding_method(config)
+    for key, default in (
+        ("lm_path", ""),
+        ("lm_weight", search.LM_WEIGHT),
+        ("word_bonus", search.WORD_BONUS),
+        ("streaming", False),
+    ):
+        if key not in config.decoding:  # a run from before the key
+            config.decoding[key] = default
+    for key, value in (decoding or {}).items():
+        if value is None:
+            continue
+        if key == "chunk_size":
+            if value < 0:
+                raise ValueError(f"chunk_size must be >= 0 (0: full context), got {value}")
+            config.model.conformer.chunk_size = value
+        else:
+            config.decoding[key] = value
+    search.uses_lm(config)
     normalizer_from_config(config)
     return config
 
 
-def result_tag(config: ConfigDict, method: str | None, beam: int | None) -> str:
+def result_tag(
+    config: ConfigDict, method: str | None, beam: int | None, decoding: dict | None = None
+) -> str:
     """File-name tag of results decoded otherwise than the run's own config says."""
-    return f"-{decoding_method(config)}-beam{config.decoding.beam}" if method or beam else ""
+    if not (method or beam or any(v is not None for v in (decoding or {}).values())):
+        return ""
+    tag = f"-{search.decoding_method(config)}-beam{config.decoding.beam}"
+    dec = config.decoding
+    if dec.lm_path:
+        name = os.path.splitext(os.path.basename(dec.lm_path))[0]
+        tag += f"-{name}-w{dec.lm_weight:g}-b{dec.word_bonus:g}"
+    if (decoding or {}).get("chunk_size") is not None:
+        tag += f"-chunk{config.model.conformer.chunk_size}"
+    if dec.streaming:
+        tag += "-streaming"
+    return tag
 
 
 def evaluate_splits(
@@ -369,29 +359,34 @@ def evaluate_splits(
     method: str | None = None,
     beam: int | None = None,
     max_corrupt_fraction: float | None = None,
+    decoding: dict | None = None,
 ) -> list[dict]:
     """Restore RUN's checkpoint (latest unless `step`) once and score each split (default:
     the run's data.eval_split list), writing RUN/eval/ for each; `method` and `beam`
     override the run's config.decoding, `max_corrupt_fraction` its
-    data.max_corrupt_fraction.
+    data.max_corrupt_fraction, `decoding` its LM and streaming settings
+    (`run_eval_config`).
 
     Raises:
       UserError: not a run directory, no such checkpoint, a decoder the model has no
         head for, a split that is not prepared.
     """
     try:
-        config = run_eval_config(workdir, method, beam, max_corrupt_fraction)
+        config = run_eval_config(workdir, method, beam, max_corrupt_fraction, decoding)
         data_dir = data_dir or config.data.dir
         splits = splits or parse_splits(config.data.eval_split)
         with rules.axis_rules(state_lib.rules_from_config(config)):
-            run = state_lib.load_run(workdir, step=step)
-            decode = make_decode_fn(run.spec.graphdef, config, run.tokenizer.blank_id)
-            results = [evaluate_run(run, config, data_dir, split, decode) for split in splits]
+            run = state_lib.load_run(workdir, step=step, config=config)
+            decode = search.make_decode_fn(run.spec.graphdef, config, run.tokenizer.blank_id)
+            searcher = search.Searcher(config, run.tokenizer, run.spec.graphdef)
+            results = [
+                evaluate_run(run, config, data_dir, split, decode, searcher) for split in splits
+            ]
     except (FileNotFoundError, ValueError, ckpt_lib.CheckpointError) as e:
         raise UserError(str(e)) from e
     for result in results:
         result["step"] = run.step
-        write_result(workdir, result, run.step, result_tag(config, method, beam))
+        write_result(workdir, result, run.step, result_tag(config, method, beam, decoding))
     return results
 
 
@@ -403,11 +398,19 @@ def evaluate_workdir(
     method: str | None = None,
     beam: int | None = None,
     max_corrupt_fraction: float | None = None,
+    decoding: dict | None = None,
 ) -> dict:
     """`evaluate_splits` of one split (default: the run's first data.eval_split); its
     result."""
     return evaluate_splits(
-        workdir, data_dir, [split] if split else None, step, method, beam, max_corrupt_fraction
+        workdir,
+        data_dir,
+        [split] if split else None,
+        step,
+        method,
+        beam,
+        max_corrupt_fraction,
+        decoding,
     )[0]
 
 
@@ -436,7 +439,7 @@ def main(argv: list[str]) -> None:
         if FLAGS.watch and FLAGS.step is not None:
             cli.usage_error("--step and --watch exclude each other (--watch scores every step)")
         splits = parse_splits(FLAGS.split) if FLAGS.split else None
-        overrides = (FLAGS.method, FLAGS.beam, FLAGS.max_corrupt_fraction)
+        overrides = (FLAGS.method, FLAGS.beam, FLAGS.max_corrupt_fraction, search.flag_overrides())
         if FLAGS.watch:
             from jaxspeech import eval_watch  # the watcher imports this module
 
@@ -478,10 +481,7 @@ if __name__ == "__main__":
         lower_bound=0.0,
     )
     flags.DEFINE_integer("step", None, "Checkpoint step (default: latest; not with --watch).")
-    flags.DEFINE_enum(
-        "method", None, list(DECODERS), "Decoder (default: the run's config.decoding.method)."
-    )
-    flags.DEFINE_integer("beam", None, "Beam size of ctc_beam / rnnt_beam (default: the run's).")
+    search.define_flags()
     flags.DEFINE_float(
         "max_corrupt_fraction",
         None,

@@ -20,6 +20,7 @@ import math
 import os
 import time
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -249,7 +250,7 @@ class SampleViewer:
         *,
         mesh,
         decode_fn: Callable,
-        hypotheses_fn: Callable[[dict], list[list[int]]],
+        searcher: Any,
         features_fn: Callable,
         tokenizer,
         writer,
@@ -257,7 +258,7 @@ class SampleViewer:
         samples: int,
         seed: int,
     ):
-        self.mesh, self.decode_fn, self.hypotheses_fn = mesh, decode_fn, hypotheses_fn
+        self.mesh, self.decode_fn, self.searcher = mesh, decode_fn, searcher
         self.features_fn, self.tokenizer, self.writer = features_fn, tokenizer, writer
         self.num_samples, self.samples, self.seed = num_samples, samples, seed
         # At least num_samples rows, a multiple of the batch shards and processes.
@@ -270,7 +271,8 @@ class SampleViewer:
             rows = peek_rows(local, self.rows_global // jax.process_count(), self.samples)
             arrays = mesh_lib.host_to_global(mesh, {k: rows[k] for k in ("audio", "audio_len")})
             out = self.decode_fn(params, model_vars, arrays["audio"], arrays["audio_len"])
-            hyps = self.hypotheses_fn({k: mesh_lib.to_host_local(mesh, v) for k, v in out.items()})
+            hypotheses = self.searcher.bind(params, model_vars)
+            hyps = hypotheses({k: mesh_lib.to_host_local(mesh, v) for k, v in out.items()})
             key = jax.random.fold_in(jax.random.key(self.seed + 2), step)
             feats = self.features_fn(params, model_vars, arrays["audio"], arrays["audio_len"], key)
             clean, augmented, lengths = (mesh_lib.to_host_local(mesh, x) for x in feats)

@@ -301,15 +301,23 @@ class Run:
     model_vars: dict
 
 
-def load_run(workdir: str, *, step: int | None = None, mesh: Mesh | None = None) -> Run:
+def load_run(
+    workdir: str,
+    *,
+    step: int | None = None,
+    mesh: Mesh | None = None,
+    config: ConfigDict | None = None,
+) -> Run:
     """Load RUN's checkpoint `step` (default: the latest) onto `mesh` (default: the run's
     own `config.mesh` over this job's devices). The parameter fingerprint is verified.
+    `config`: the run's config with settings that leave the parameters as they are (the
+    attention chunk size a streaming model is decoded with, say); default RUN's own.
 
     Raises:
       FileNotFoundError: `workdir` is not a run directory.
       CheckpointError: no such step, another model's checkpoint, or a corrupt one.
     """
-    config = load_run_config(workdir)
+    config = config or load_run_config(workdir)
     tokenizer_dir = os.path.join(workdir, ASSETS, TOKENIZER)
     tokenizer = Tokenizer.load(tokenizer_dir)
     if mesh is None:

@@ -23,7 +23,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from ml_collections import ConfigDict, config_flags
 
 from jaxspeech import checkpoint as ckpt_lib
-from jaxspeech import cli, faults, inputs, monitor
+from jaxspeech import cli, faults, inputs, monitor, search
 from jaxspeech import evaluate as eval_lib
 from jaxspeech import state as state_lib
 from jaxspeech import step as step_lib
@@ -95,7 +95,7 @@ class Trainer:
 
         # ---------------------------------------------------------- model & optimizer
         try:
-            eval_lib.decoding_method(config)
+            search.uses_lm(config)  # checks the decoding method too
             self.state = state_lib.init_train_state(
                 config, self.tokenizer.vocab_size, mesh, mean, std
             )
@@ -145,14 +145,15 @@ class Trainer:
             donate_argnums=(0, 2),
         )
         self.compiled: dict[tuple, tuple] = {}  # batch shape -> (executable, model FLOPs)
-        self.decode_fn = eval_lib.make_decode_fn(spec.graphdef, config, self.tokenizer.blank_id)
+        self.decode_fn = search.make_decode_fn(spec.graphdef, config, self.tokenizer.blank_id)
+        self.searcher = search.Searcher(config, self.tokenizer, spec.graphdef)
         self.writer = MetricWriter(
             os.path.join(workdir, "tensorboard"), jsonl_path=os.path.join(workdir, "metrics.jsonl")
         )
         self.samples = monitor.SampleViewer(
             mesh=mesh,
             decode_fn=self.decode_fn,
-            hypotheses_fn=lambda out: eval_lib.hypotheses(out, config, self.tokenizer.blank_id),
+            searcher=self.searcher,
             features_fn=monitor.make_features_fn(spec.graphdef),
             tokenizer=self.tokenizer,
             writer=self.writer,
@@ -428,6 +429,7 @@ class Trainer:
                     split=split,
                     tokenizer_dir=self.tokenizer_dir,
                     fault_log=self.eval_faults,
+                    searcher=self.searcher,
                 )
             eval_lib.write_result(self.workdir, result, step)
             self.writer.scalars(

@@ -14,8 +14,7 @@ from flax import nnx
 from ml_collections import ConfigDict
 
 from configs import conformer, demo
-from jaxspeech import evaluate as eval_lib
-from jaxspeech import state
+from jaxspeech import search, state
 
 
 def _num_params(config: ConfigDict, vocab: int) -> int:
@@ -116,7 +115,7 @@ def test_conformer_sizes(size):
     assert _num_params(config, 500) == expected
     assert round(expected / 1e6, 1) == _stated_sizes()[size]
     assert config.model.head == "ctc+rnnt"
-    assert eval_lib.decoding_method(config) == "rnnt_greedy"
+    assert search.decoding_method(config) == "rnnt_greedy"
     if size == "XL":  # too big for plain data parallelism: sharded parameters and moments
         assert config.mesh.fsdp == -1 and config.mesh.tensor > 1
 
@@ -170,8 +169,8 @@ def test_demo_variants_build(variant):
     """Every variant builds exactly the architecture's model; its decoder matches its head."""
     config = demo.get_config(variant)
     assert _num_params(config, 30) == expected_params(config, 30)
-    method = eval_lib.decoding_method(config)
-    assert method in eval_lib.DECODERS and method == DECODING[config.model.head]
+    method = search.decoding_method(config)
+    assert method in search.DECODERS and method == DECODING[config.model.head]
     if variant in VARIANT_CHANGES:
         base, this = _flat(demo.get_config().to_dict()), _flat(config.to_dict())
         assert {k: v for k, v in this.items() if base[k] != v} == VARIANT_CHANGES[variant]

@@ -4,12 +4,14 @@ import numpy as np
 import pytest
 
 from configs import demo
-from jaxspeech import eval_watch
+from jaxspeech import eval_watch, search
 from jaxspeech.errors import UserError
 from jaxspeech.evaluate import (
     eval_bucket_spec,
     normalizer_from_config,
     parse_splits,
+    result_tag,
+    run_eval_config,
     summarize_utterances,
     write_result,
 )
@@ -104,3 +106,25 @@ def test_the_watcher_plans_each_missing_split_of_each_step_once(tmp_path):
     assert again["done"] == {"dev": [4], "test": [], "other": []}
     assert again["skipped"] == {"6": "removed"}
     assert not list((tmp_path / "eval").glob("*.tmp"))
+
+
+def test_lm_overrides_are_checked_and_tag_the_result_files(tmp_path):
+    config = demo.get_config()
+    for key in ("lm_path", "lm_weight", "word_bonus"):
+        del config.decoding[key]  # a run from before LM fusion
+    (tmp_path / "config.json").write_text(config.to_json())
+    plain = run_eval_config(str(tmp_path))
+    assert plain.decoding.lm_path == "" and result_tag(plain, None, None) == ""
+    lm = {"lm_path": "/lms/news-4gram.arpa", "lm_weight": 0.7, "word_bonus": None}
+    fused = run_eval_config(str(tmp_path), "ctc_beam", 8, None, lm)
+    assert (fused.decoding.lm_weight, fused.decoding.word_bonus) == (0.7, search.WORD_BONUS)
+    tag = result_tag(fused, "ctc_beam", 8, lm)
+    assert tag == f"-ctc_beam-beam8-news-4gram-w0.7-b{search.WORD_BONUS:g}"
+    with pytest.raises(ValueError, match="LM fusion needs ctc_beam or rnnt_beam"):
+        run_eval_config(str(tmp_path), "ctc_greedy", None, None, lm)
+    auto = run_eval_config(str(tmp_path), None, None, None, lm)  # auto: the beam search
+    assert search.decoding_method(auto) == "ctc_beam"
+    chunked = run_eval_config(str(tmp_path), None, None, None, {"chunk_size": 8, "streaming": True})
+    assert chunked.model.conformer.chunk_size == 8 and chunked.decoding.streaming
+    tag = result_tag(chunked, None, None, {"chunk_size": 8, "streaming": True})
+    assert tag == "-ctc_greedy-beam4-chunk8-streaming"

@@ -35,14 +35,14 @@ TRANSCRIBER = str(ROOT / "examples" / "transcribe_onnx.py")
 CHUNK, LEFT_CHUNKS = 4, 2  # the streaming model's encoder frames per step, chunks cached
 
 
-def _model(variant: str, *, streaming: bool = False):
+def _model(variant: str, *, streaming: bool = False, left_chunks: int = LEFT_CHUNKS):
     """A tiny model of configs/demo.py:tiny with `variant`'s head, seeded weights and
     non-trivial feature statistics: (graphdef, params, model_vars, config)."""
     config = demo.get_config("tiny")
     config.model.head = {"ctc": "ctc", "ctc_rnnt": "ctc+rnnt"}[variant]
     if streaming:
         conformer = config.model.conformer
-        conformer.causal, conformer.chunk_size, conformer.left_chunks = True, CHUNK, LEFT_CHUNKS
+        conformer.causal, conformer.chunk_size, conformer.left_chunks = True, CHUNK, left_chunks
     model = state_lib.make_model(config, VOCAB, 3)
     graphdef, params, model_vars = nnx.split(model, nnx.Param, ...)
     f = config.features.num_mel_bins

@@ -1,7 +1,8 @@
 """CTC decoding.
 
 Greedy: jitted batched argmax on device, collapse on the host.
-Prefix beam search: on the host in numpy, one utterance at a time, vectorized per frame.
+Prefix beam search: on the host in numpy, one utterance at a time, vectorized per frame,
+optionally with a word n-gram LM fused in (`decoding.lm.Fusion`).
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from jaxspeech.decoding.lm import Fusion
 
 
 def greedy_ids(logits_btv: jax.Array) -> jax.Array:
@@ -38,8 +41,9 @@ def ctc_prefix_beam_search(
     beam: int = 8,
     blank_id: int = 0,
     prune_logp: float | None = None,
+    fusion: Fusion | None = None,
 ) -> list[tuple[list[int], float]]:
-    """CTC prefix beam search for one utterance.
+    """CTC prefix beam search for one utterance, with optional LM shallow fusion.
 
     Args:
       logprobs_tv: (T, V) log-probabilities (already log-softmaxed).
@@ -48,6 +52,9 @@ def ctc_prefix_beam_search(
       blank_id: the blank label.
       prune_logp: if given, a token may extend a prefix at frame t only if its log-prob there is
         at least `prune_logp`.
+      fusion: a word LM; prefixes are then ranked by their acoustic score plus the LM score
+        of their complete words (`Fusion.extend`), and the final ones by their whole fused
+        score (`Fusion.finish`).
 
     Each prefix carries two log-probabilities: of all paths so far that collapse to it and end in
     blank (`pb`) or in its last label (`pnb`). A repeated label therefore extends a prefix only
@@ -59,8 +66,12 @@ def ctc_prefix_beam_search(
     With `beam >= V`, no `prune_logp` and a beam wide enough to hold every prefix the search is
     exact: each returned score is log P(sequence) summed over all of its CTC paths.
 
+    With fusion the same holds for the fused score: a beam that holds every prefix returns
+    the sequence maximizing log P(sequence) + the LM's score of its words.
+
     Returns:
-      Up to `beam` (label sequence, log P(sequence)) pairs, best first.
+      Up to `beam` (label sequence, score) pairs, best first; the score is log P(sequence),
+      plus the fused LM score with `fusion`.
     """
     lp_tv = np.asarray(logprobs_tv, np.float64)[: int(length)]
     num_frames, vocab = lp_tv.shape
@@ -70,6 +81,10 @@ def ctc_prefix_beam_search(
     pb = np.zeros(1)
     pnb = np.full(1, -np.inf)
     last = np.full(1, -1)  # last label of each prefix, -1 for the empty prefix
+    # LM side of each prefix (with fusion): its context, and the score of its complete words.
+    ctxs = [fusion.start()] if fusion else [None]
+    lm = np.zeros(1)
+    starts_word = np.array(fusion.words.starts_word if fusion else [False] * vocab)
     col_of = np.full(vocab, -1)  # token -> column in this frame's extension matrix
     for t in range(num_frames):
         lp = lp_tv[t]
@@ -86,6 +101,11 @@ def ctc_prefix_beam_search(
         # ext_pc[i, c]: prefix i extended by label cand[c] (which ends in that label).
         ext_pc = np.where(cand[None, :] == last[:, None], pb[:, None], tot[:, None])
         ext_pc = ext_pc + lp[cand][None, :]
+        # A word-starting label completes the prefix's current word: the LM scores it.
+        lm_pc = np.broadcast_to(lm[:, None], ext_pc.shape)
+        if fusion and starts_word[cand].any():
+            done = np.array([fusion.extend(c, int(cand[starts_word[cand]][0])).score for c in ctxs])
+            lm_pc = np.where(starts_word[cand][None, :], done[:, None], lm_pc)
         # An extension can land on a prefix already in the beam ("a" + "b" = "ab"): fold those
         # into that prefix's pnb so that every remaining extension is a new, distinct prefix.
         col_of[cand] = np.arange(cand.size)
@@ -99,20 +119,22 @@ def ctc_prefix_beam_search(
                     ext_pc[i, c] = -np.inf
         col_of[cand] = -1
         stay_tot = np.logaddexp(stay_pb, stay_pnb)
-        scores = np.concatenate([stay_tot, ext_pc.ravel()])
+        scores = np.concatenate([stay_tot + lm, (ext_pc + lm_pc).ravel()])
         k = min(beam, scores.size)
         sel = np.argpartition(-scores, k - 1)[:k]
         sel = sel[np.argsort(-scores[sel], kind="stable")]
         finite = np.isfinite(scores[sel])
         sel = sel[finite] if finite.any() else sel[:1]
         n_pref = len(prefixes)
-        new_prefixes, new_pb, new_pnb, new_last = [], [], [], []
+        new_prefixes, new_pb, new_pnb, new_last, new_ctxs, new_lm = [], [], [], [], [], []
         for s in sel:
             if s < n_pref:
                 new_prefixes.append(prefixes[s])
                 new_pb.append(stay_pb[s])
                 new_pnb.append(stay_pnb[s])
                 new_last.append(last[s])
+                new_ctxs.append(ctxs[s])
+                new_lm.append(lm[s])
             else:
                 i, c = divmod(int(s) - n_pref, cand.size)
                 tok = int(cand[c])
@@ -120,9 +142,13 @@ def ctc_prefix_beam_search(
                 new_pb.append(-np.inf)
                 new_pnb.append(ext_pc[i, c])
                 new_last.append(tok)
-        prefixes = new_prefixes
-        pb, pnb, last = np.array(new_pb), np.array(new_pnb), np.array(new_last)
+                new_ctxs.append(fusion.extend(ctxs[i], tok) if fusion else None)
+                new_lm.append(lm_pc[i, c])
+        prefixes, ctxs = new_prefixes, new_ctxs
+        pb, pnb, last, lm = (np.array(x) for x in (new_pb, new_pnb, new_last, new_lm))
     tot = np.logaddexp(pb, pnb)
+    if fusion:
+        tot = tot + np.array([fusion.finish(c) for c in ctxs])
     order = np.argsort(-tot, kind="stable")
     return [(list(prefixes[i]), float(tot[i])) for i in order]
 
@@ -134,12 +160,68 @@ def ctc_beam_search_batch(
     beam: int = 8,
     blank_id: int = 0,
     prune_logp: float | None = None,
+    fusion: Fusion | None = None,
 ) -> list[list[int]]:
     """Best prefix-beam-search hypothesis of each row of (B, T, V) log-probs (host loop)."""
     logprobs_btv = np.asarray(logprobs_btv)
+    kw = dict(beam=beam, blank_id=blank_id, prune_logp=prune_logp, fusion=fusion)
     return [
-        ctc_prefix_beam_search(lp_tv, int(n), beam=beam, blank_id=blank_id, prune_logp=prune_logp)[
-            0
-        ][0]
+        ctc_prefix_beam_search(lp_tv, int(n), **kw)[0][0]
         for lp_tv, n in zip(logprobs_btv, np.asarray(lengths_b))
     ]
+
+
+def collapse_with_frames(
+    ids_bt: np.ndarray, lengths_b: np.ndarray, blank_id: int = 0
+) -> list[tuple[list[int], list[int]]]:
+    """`collapse`, with the frame where each kept label starts: [(labels, frames)] per row."""
+    out = []
+    for row, n in zip(np.asarray(ids_bt), np.asarray(lengths_b)):
+        row = row[: int(n)]
+        keep = np.ones(row.shape, bool)
+        keep[1:] = row[1:] != row[:-1]
+        keep &= row != blank_id
+        out.append((row[keep].tolist(), np.flatnonzero(keep).tolist()))
+    return out
+
+
+def ctc_align(logprobs_tv: np.ndarray, labels: list[int], blank_id: int = 0) -> list[int]:
+    """The frame where each label starts on the most probable CTC path of `labels`
+    (Viterbi over the 2U+1 blank-interleaved states), for decoders that give labels
+    without times (prefix beam search).
+
+    Raises:
+      ValueError: the labels need more frames than there are (no path).
+    """
+    lp = np.asarray(logprobs_tv, np.float64)
+    num_frames, u = lp.shape[0], len(labels)
+    if u == 0:
+        return []
+    ext = np.full(2 * u + 1, blank_id)
+    ext[1::2] = labels
+    s = ext.size
+    # A state may be entered from itself, the one before, or two before when that skips a
+    # blank between two different labels.
+    skip = np.zeros(s, bool)
+    skip[3::2] = ext[3::2] != ext[1:-2:2]
+    score = np.full(s, -np.inf)
+    if num_frames:
+        score[:2] = lp[0, ext[:2]]
+    back = np.zeros((num_frames, s), np.int8)  # 0 stay, 1 from s-1, 2 from s-2
+    for t in range(1, num_frames):
+        prev1 = np.concatenate([[-np.inf], score[:-1]])
+        prev2 = np.where(skip, np.concatenate([[-np.inf, -np.inf], score[:-2]]), -np.inf)
+        cand = np.stack([score, prev1, prev2])
+        back[t] = cand.argmax(axis=0)
+        score = cand.max(axis=0) + lp[t, ext]
+    end = s - 1 if score[s - 1] >= score[s - 2] else s - 2
+    if not np.isfinite(score[end]):
+        raise ValueError(f"{u} labels cannot be aligned to {num_frames} frames")
+    starts = [0] * u
+    state = end
+    for t in range(num_frames - 1, -1, -1):
+        step = back[t, state] if t > 0 else 0
+        if state % 2 == 1 and (t == 0 or step != 0):
+            starts[state // 2] = t  # the path enters this label's state at frame t
+        state -= step
+    return starts

@@ -30,7 +30,7 @@ Joint = Callable[[jax.Array, Any], jax.Array]
 _HASH_MUL = (np.uint32(1_000_003), np.uint32(2_654_435_761))
 
 
-def _select_rows(mask_r: jax.Array, new: Any, old: Any) -> Any:
+def select_rows(mask_r: jax.Array, new: Any, old: Any) -> Any:
     """Per-leaf `where(mask, new, old)` with mask (R,) broadcast over each leaf's trailing dims."""
 
     def pick(n: jax.Array, o: jax.Array) -> jax.Array:
@@ -39,14 +39,18 @@ def _select_rows(mask_r: jax.Array, new: Any, old: Any) -> Any:
     return jax.tree.map(pick, new, old)
 
 
-def _compact(ids_bn: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Move the ids >= 0 of each row to the front, in order; pad with -1. -> (tokens_bn, num_b)."""
+def _compact(ids_bn: jax.Array, per_slot: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Move the ids >= 0 of each row to the front, in order; pad with -1.
+    -> (tokens_bn, num_b, frames_bn): frames_bn is each token's frame, its slot // per_slot
+    (`per_slot` slots per frame), -1 in the padding."""
     emit_bn = ids_bn >= 0
     b, n = ids_bn.shape
     pos_bn = jnp.where(emit_bn, jnp.cumsum(emit_bn, axis=1) - 1, n)  # n = dropped
     rows_bn = jnp.broadcast_to(jnp.arange(b)[:, None], (b, n))
     out = jnp.full((b, n), -1, jnp.int32).at[rows_bn, pos_bn].set(ids_bn, mode="drop")
-    return out, emit_bn.sum(axis=1).astype(jnp.int32)
+    slot_frame_bn = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32)[None, :] // per_slot, (b, n))
+    frames = jnp.full((b, n), -1, jnp.int32).at[rows_bn, pos_bn].set(slot_frame_bn, mode="drop")
+    return out, emit_bn.sum(axis=1).astype(jnp.int32), frames
 
 
 def rnnt_greedy(
@@ -58,7 +62,8 @@ def rnnt_greedy(
     *,
     blank_id: int = 0,
     max_symbols_per_frame: int = 3,
-) -> tuple[jax.Array, jax.Array]:
+    with_frames: bool = False,
+) -> tuple[jax.Array, ...]:
     """Batched greedy RNN-T search.
 
     At frame t take the argmax of the joint; a label is emitted and the predictor steps (only in
@@ -71,6 +76,7 @@ def rnnt_greedy(
     Returns:
       tokens_bn: (B, N) int32 labels, N = T * max_symbols_per_frame, padded with -1.
       num_tokens_b: (B,) int32.
+      frames_bn: with `with_frames`, (B, N) int32 frame of each label, -1 in the padding.
     """
     b, t_max, _ = enc_btd.shape
     s_max = max_symbols_per_frame
@@ -85,8 +91,8 @@ def rnnt_greedy(
             y_b = jnp.argmax(joint(enc_bd, pred), axis=-1).astype(jnp.int32)
             emit_b = active_b & (y_b != blank_id)
             new_pred, new_state = pred_step(state, jnp.where(emit_b, y_b, blank_id))
-            state = _select_rows(emit_b, new_state, state)
-            pred = _select_rows(emit_b, new_pred, pred)
+            state = select_rows(emit_b, new_state, state)
+            pred = select_rows(emit_b, new_pred, pred)
             ys_sb = ys_sb.at[i].set(jnp.where(emit_b, y_b, -1))
             # A row that did not emit (blank, or past its length) is done with this frame.
             return state, pred, emit_b, ys_sb
@@ -99,7 +105,8 @@ def rnnt_greedy(
     valid_tb = jnp.arange(t_max)[:, None] < jnp.asarray(enc_len_b)[None, :]
     _, ys_tsb = lax.scan(frame, (state0, pred0), (jnp.swapaxes(enc_btd, 0, 1), valid_tb))
     ys_bn = jnp.transpose(ys_tsb, (2, 0, 1)).reshape(b, t_max * s_max)
-    return _compact(ys_bn)
+    tokens_bn, num_b, frames_bn = _compact(ys_bn, s_max)
+    return (tokens_bn, num_b, frames_bn) if with_frames else (tokens_bn, num_b)
 
 
 def rnnt_modified_beam_search(
@@ -111,7 +118,8 @@ def rnnt_modified_beam_search(
     *,
     beam: int = 4,
     blank_id: int = 0,
-) -> tuple[jax.Array, jax.Array, jax.Array]:
+    with_frames: bool = False,
+) -> tuple[jax.Array, ...]:
     """Batched "modified beam search" (icefall's): at most one label per frame.
 
     Each frame consumes exactly one output per hypothesis: blank (the hypothesis is unchanged) or
@@ -135,6 +143,7 @@ def rnnt_modified_beam_search(
       tokens_bn: (B, T) int32 best hypothesis, padded with -1.
       num_tokens_b: (B,) int32.
       score_b: (B,) float32 log-prob of the best hypothesis (summed over its merged alignments).
+      frames_bn: with `with_frames`, (B, T) int32 frame of each label, -1 in the padding.
     """
     b, t_max, _ = enc_btd.shape
     k = beam
@@ -189,15 +198,15 @@ def rnnt_modified_beam_search(
         step_pred, step_state = pred_step(
             src_state, jnp.where(label_r, tok_bk.reshape(-1), blank_id)
         )
-        new_state = _select_rows(label_r, step_state, src_state)
-        new_pred = _select_rows(label_r, step_pred, src_pred)
+        new_state = select_rows(label_r, step_state, src_state)
+        new_pred = select_rows(label_r, step_pred, src_pred)
 
         # Rows past their length keep the whole beam; their back-pointer is the identity.
         valid_r = jnp.repeat(valid_b, k)
         vb = valid_b[:, None]
         carry = (
-            _select_rows(valid_r, new_state, state),
-            _select_rows(valid_r, new_pred, pred),
+            select_rows(valid_r, new_state, state),
+            select_rows(valid_r, new_pred, pred),
             jnp.where(vb, new_score, score_bk),
             jnp.where(vb, h1, h1_bk),
             jnp.where(vb, h2, h2_bk),
@@ -221,9 +230,9 @@ def rnnt_modified_beam_search(
         return prev_b, tok_b
 
     _, toks_tb = lax.scan(trace, best_b, (back_tbk, emit_tbk), reverse=True)
-    tokens_bn, num_b = _compact(toks_tb.T)
+    tokens_bn, num_b, frames_bn = _compact(toks_tb.T, 1)
     score_b = jnp.take_along_axis(score_bk, best_b[:, None], axis=1)[:, 0]
-    return tokens_bn, num_b, score_b
+    return (tokens_bn, num_b, score_b, frames_bn) if with_frames else (tokens_bn, num_b, score_b)
 
 
 def to_lists(

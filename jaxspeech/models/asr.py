@@ -73,6 +73,14 @@ class ASRModel(nnx.Module):
             else None
         )
 
+    @property
+    def frame_samples(self) -> int:
+        """Audio samples per encoder output frame: the front end's hop times the encoder's
+        subsampling (Conformer) or frame stacking (LSTM)."""
+        enc = self.encoder
+        factor = enc.subsampling.factor if hasattr(enc, "subsampling") else enc.stack_frames
+        return self.frontend.cfg.hop_length * factor
+
     def __call__(
         self,
         audio_bs: jax.Array,

@@ -147,7 +147,7 @@ def _stream_functions(model: Callable, history: int | None) -> dict[str, Callabl
         first_samples=s1,
         step_samples=s2,
         frames=m.encoder.chunk_size,
-        frame_samples=m.frontend.cfg.hop_length * m.encoder.subsampling.factor,
+        frame_samples=m.frame_samples,
         history=int(started.encoder.cache_valid_bl.shape[1]),
         outputs=tuple(n for h, n in (("ctc", "log_probs"), ("rnnt", "enc_proj")) if h in heads),
         state=tuple(jax.tree_util.keystr(k, simple=True, separator=".") for k, _ in paths),

@@ -6,6 +6,7 @@ import json
 import math
 import os
 from collections.abc import Mapping
+from typing import Any
 
 import jax
 import numpy as np
@@ -304,6 +305,20 @@ def to_host_local(mesh: Mesh, arr: jax.Array) -> np.ndarray:
 
     spec = batch_sharding(mesh, arr.ndim).spec
     return np.asarray(multihost_utils.global_array_to_host_local_array(arr, mesh, spec))
+
+
+def gather_to_host(tree: Any) -> Any:
+    """Every leaf of a pytree of global arrays as a whole numpy array, on every process
+    (for arrays that span processes, a collective every process must call)."""
+
+    def whole(x):
+        if not isinstance(x, jax.Array) or x.is_fully_addressable:
+            return np.asarray(x)
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+    return jax.tree.map(whole, tree)
 
 
 def sum_over_processes(values: np.ndarray) -> np.ndarray:

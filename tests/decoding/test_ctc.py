@@ -5,6 +5,8 @@ import pytest
 
 from jaxspeech.decoding.ctc import (
     collapse,
+    collapse_with_frames,
+    ctc_align,
     ctc_beam_search_batch,
     ctc_prefix_beam_search,
     greedy_ids,
@@ -120,3 +122,44 @@ def test_prefix_beam_search_pruning_large_vocab():
     assert ctc_prefix_beam_search(lp, t, beam=4, prune_logp=1.0) == [
         ([], pytest.approx(float(lp[:, 0].sum())))
     ]
+
+
+# ---------------------------------------------------------------- timing
+
+
+def test_collapse_with_frames_gives_each_label_its_first_frame():
+    ids = np.array([[0, 1, 1, 0, 1, 2, 2, 0], [3, 3, 3, 0, 0, 0, 0, 0]])
+    got = collapse_with_frames(ids, np.array([8, 2]))
+    assert got == [([1, 1, 2], [1, 4, 5]), ([3], [0])]
+    assert [labels for labels, _ in got] == collapse(ids, np.array([8, 2]))
+
+
+def _best_path_starts(lp: np.ndarray, labels: list[int], blank: int) -> list[int] | None:
+    """Brute force: the most probable of the V^T paths that collapse to `labels`, and the
+    frame where each label's run starts on it."""
+    t, v = lp.shape
+    best, starts = -np.inf, None
+    for path in itertools.product(range(v), repeat=t):
+        seq, first, prev = [], [], None
+        for i, s in enumerate(path):
+            if s != prev and s != blank:
+                seq.append(s)
+                first.append(i)
+            prev = s
+        score = sum(lp[i, s] for i, s in enumerate(path))
+        if seq == labels and score > best:
+            best, starts = score, first
+    return starts
+
+
+@pytest.mark.parametrize("seed,t,v,blank", [(0, 5, 3, 0), (1, 6, 3, 1), (2, 6, 4, 0)])
+def test_ctc_align_finds_the_best_path_of_the_labels(seed, t, v, blank):
+    rng = np.random.default_rng(seed)
+    lp = _log_softmax(2.0 * rng.standard_normal((t, v)))
+    labels_v = [x for x in range(v) if x != blank]
+    for labels in ([], [labels_v[0]], [labels_v[0], labels_v[0]], labels_v, labels_v[::-1]):
+        want = _best_path_starts(lp, list(labels), blank)
+        assert want is not None
+        assert ctc_align(lp, list(labels), blank) == want
+    with pytest.raises(ValueError, match="cannot be aligned"):
+        ctc_align(lp[:2], [labels_v[0]] * 2, blank)  # a repeat needs a blank between

@@ -241,3 +241,47 @@ def test_rows_independent_and_padding_ignored():
 def test_to_lists():
     tokens = np.array([[3, 1, -1, -1], [-1, -1, -1, -1], [2, 2, 2, 1]])
     assert to_lists(tokens, np.array([2, 0, 4])) == [[3, 1], [], [2, 2, 2, 1]]
+
+
+@pytest.mark.parametrize("kind", ["stateless", "recurrent"])
+def test_frames_of_the_emitted_labels(kind):
+    v, blank, max_sym = 4, 0, 3
+    p = _params(4, v)
+    p["b_out"][blank] = -1.5  # several labels per frame
+    pred_init, pred_step, joint = _model(p, kind, np, blank)
+    model = _model(p, kind, jnp, blank)
+    enc, lens = _enc(11, 3, 5), np.array([5, 3, 0])
+    tokens, num, frames = jax.jit(
+        lambda e, n: rnnt_greedy(
+            e, n, *model, blank_id=blank, max_symbols_per_frame=max_sym, with_frames=True
+        )
+    )(enc, lens)
+    for i in range(3):
+        # Reference: the Python greedy loop, noting the frame of every label it emits.
+        pred, state = pred_step(pred_init(1), np.full((1,), blank))
+        want = []
+        for t in range(lens[i]):
+            for _ in range(max_sym):
+                y = int(np.argmax(joint(enc[i, t : t + 1], pred)[0]))
+                if y == blank:
+                    break
+                want.append((y, t))
+                pred, state = pred_step(state, np.array([y]))
+        n = int(num[i])
+        assert (
+            list(zip(np.asarray(tokens[i, :n]).tolist(), np.asarray(frames[i, :n]).tolist()))
+            == want
+        )
+        assert (np.asarray(frames[i, n:]) == -1).all()
+    _, beam_search = _decoders(model, blank)
+    plain = beam_search(enc, lens, 3)
+    tokens_b, num_b, score_b, frames_b = jax.jit(
+        lambda e, n: rnnt_modified_beam_search(
+            e, n, *model, beam=3, blank_id=blank, with_frames=True
+        )
+    )(enc, lens)
+    for a, b in zip(plain, (tokens_b, num_b, score_b)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    for row, n, length in zip(np.asarray(frames_b), np.asarray(num_b), lens):
+        # One label per frame at most: strictly increasing frames inside the row's length.
+        assert (np.diff(row[:n]) > 0).all() and (row[:n] < length).all() and (row[n:] == -1).all()

@@ -7,6 +7,7 @@ import jax
 import numpy as np
 import pytest
 
+from data_prep import lm as lm_build
 from jaxspeech import evaluate, monitor
 from jaxspeech import state as state_lib
 from jaxspeech.parallel import mesh as mesh_lib
@@ -138,3 +139,12 @@ def test_transducer_head_trains_and_decodes_every_way(corpus):
         _check_scores(result, manifest)
         saved = json.load(open(workdir / "eval" / f"test-step8-{method}-beam2.json"))
         assert saved["cer"] == result["cer"]
+    # Both beam searches with a trigram LM of the train transcripts fused in.
+    lm_path = root / "transducer-lm.arpa"
+    lm_build.build_lm(lm_build.read_sentences_from_split(str(shards), "train"), 3, str(lm_path))
+    lm = {"lm_path": str(lm_path), "lm_weight": 0.5, "word_bonus": 1.0}
+    for method in ("ctc_beam", "rnnt_beam"):
+        result = evaluate.evaluate_workdir(str(workdir), None, "test", None, method, 2, decoding=lm)
+        _check_scores(result, manifest)
+        saved = workdir / "eval" / f"test-step8-{method}-beam2-transducer-lm-w0.5-b1.json"
+        assert json.load(open(saved))["wer"] == result["wer"]

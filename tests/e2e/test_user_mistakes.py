@@ -63,6 +63,13 @@ def test_evaluate_mistakes_are_one_user_error(tiny_run, tmp_path):
         evaluate.evaluate_workdir(str(tiny_run[0]), None, None, None, method="rnnt_beam")
     with pytest.raises(UserError, match="no committed checkpoint 5 in "):
         evaluate.evaluate_workdir(str(tiny_run[0]), None, None, 5)
+    with pytest.raises(UserError, match="decoding.streaming needs a streaming encoder"):
+        evaluate.evaluate_workdir(str(tiny_run[0]), None, None, None, decoding={"streaming": True})
+    with pytest.raises(UserError, match="chunk_size must be >= 0"):
+        evaluate.evaluate_workdir(str(tiny_run[0]), None, None, None, decoding={"chunk_size": -2})
+    with pytest.raises(UserError, match="no language model file"):
+        lm = {"lm_path": str(tmp_path / "missing.arpa")}
+        evaluate.evaluate_workdir(str(tiny_run[0]), None, None, None, "ctc_beam", decoding=lm)
 
 
 def test_command_lines_exit_2_with_one_line(corpus, tmp_path):

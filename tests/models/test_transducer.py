@@ -7,7 +7,7 @@ import pytest
 from flax import nnx
 
 from configs import demo
-from jaxspeech import evaluate as eval_lib
+from jaxspeech import search
 from jaxspeech import state as state_lib
 from jaxspeech.losses import rnnt
 from jaxspeech.losses.ctc import ctc_loss
@@ -159,7 +159,7 @@ def test_bad_head_encoder_and_decoder_are_clear_errors():
     config = _config("ctc")
     config.decoding.method = "rnnt_beam"
     with pytest.raises(ValueError, match="needs a model with that head"):
-        eval_lib.decoding_method(config)
+        search.decoding_method(config)
     config.decoding.method = "auto"
-    assert eval_lib.decoding_method(config) == "ctc_greedy"
-    assert eval_lib.decoding_method(_config("ctc+rnnt")) == "rnnt_greedy"
+    assert search.decoding_method(config) == "ctc_greedy"
+    assert search.decoding_method(_config("ctc+rnnt")) == "rnnt_greedy"

@@ -1,0 +1,181 @@
+"""Long-form decoding: windows over a stream of blocks, words with times, and the merge of
+overlapping windows, against an oracle "model" that reads its labels off the audio."""
+
+import itertools
+
+import numpy as np
+import pytest
+import soundfile as sf
+import soxr
+
+from jaxspeech import longform
+from jaxspeech.decoding.ctc import collapse_with_frames
+from jaxspeech.decoding.lm import TokenWords
+
+PIECES = ["<blank>", "<unk>", "a", "b", "c", "d", " "]
+WORDS = TokenWords.from_pieces(PIECES, sentencepiece=False)
+SPACE = PIECES.index(" ")
+RATE, F = 100, 4  # samples per second and per frame: 40 ms frames
+
+
+def _blocks(audio: np.ndarray, rng) -> list[np.ndarray]:
+    cuts = np.sort(rng.choice(np.arange(1, len(audio)), size=min(7, len(audio) - 1), replace=False))
+    return np.split(audio, cuts)
+
+
+@pytest.mark.parametrize("n,window,hop", [(0, 10, 4), (5, 10, 4), (10, 10, 4), (37, 10, 4),
+                                          (40, 10, 10), (41, 10, 3), (100, 16, 15)])  # fmt: skip
+def test_windows_cover_the_audio_once_each(n, window, hop):
+    audio = np.arange(n, dtype=np.float32) + 1.0
+    seg = longform.Segmenter(window, hop, rate=100)  # no pauses: windows only
+    got = list(longform.pieces(_blocks(audio, np.random.default_rng(n)) if n else [], seg))
+    if n == 0:
+        assert got == []
+        return
+    starts = [p.start for p in got]
+    assert starts == list(range(0, hop * len(got), hop))
+    assert [p.keep_until is None for p in got] == [False] * (len(got) - 1) + [True]
+    for p in got:
+        np.testing.assert_array_equal(p.samples, audio[p.start : p.start + window])
+    for p in got[:-1]:  # the middle of the overlap with the next window
+        assert p.keep_until == pytest.approx((p.start + hop + (window - hop) / 2) / 100)
+    assert starts[-1] + window >= n  # the last window reaches the end ...
+    assert len(got) == 1 or starts[-2] + window < n  # ... and is needed
+
+
+def test_pieces_are_cut_in_the_middle_of_pauses():
+    rng = np.random.default_rng(0)
+    rate = 1000  # 10 samples per energy frame
+    speech = [rng.uniform(0.2, 0.9, n) * rng.choice([-1, 1], n) for n in (700, 300, 2500, 400)]
+    gaps = [500, 150, 800]  # samples of silence: 0.5 s, 0.15 s (too short), 0.8 s
+    parts = [speech[0], np.zeros(gaps[0]), speech[1], np.zeros(gaps[1]), speech[2]]
+    audio = np.concatenate(parts + [np.zeros(gaps[2]), speech[3]]).astype(np.float32)
+    seg = longform.Segmenter(window=1500, hop=1200, rate=rate, min_pause=250)
+    got = list(longform.pieces(_blocks(audio, rng), seg))
+    cuts = [p.start for p in got[1:]]
+    # The first pause's middle; the 0.15 s gap is no pause; 2.5 s of speech are windows
+    # of 1.5 s every 1.2 s; then the middle of the part of the 0.8 s pause that the last
+    # of those windows (3350-4850) holds.
+    long_end = 700 + 500 + 300 + 150 + 2500
+    assert cuts == [950, 2150, 3350, (long_end + 4850) // 2]
+    assert got[-1].keep_until is None
+    # A piece cut at a pause owns the transcript up to the cut; windows up to the middle
+    # of their overlap.
+    assert [p.keep_until for p in got[:-1]] == [0.95, 2.3, 3.5, 4.5]
+    for p in got:
+        np.testing.assert_array_equal(p.samples, audio[p.start : p.start + len(p.samples)])
+
+
+def test_pieces_are_read_lazily():
+    # An endless stream: pieces come one by one, memory stays at a window and a block.
+    endless = (np.full(7, i + 1, np.float32) for i in itertools.count())
+    seg = longform.Segmenter(20, 15, rate=100, min_pause=25)
+    first = list(itertools.islice(longform.pieces(endless, seg), 5))
+    assert [p.start for p in first] == [0, 15, 30, 45, 60]
+    np.testing.assert_array_equal(first[4].samples, np.repeat(np.arange(9, 13), 7)[4:24])
+
+
+def test_reading_resamples_and_downmixes_as_one_stream(tmp_path):
+    rate_in, rate = 44_100, 16_000
+    t = np.arange(int(2.5 * rate_in)) / rate_in
+    stereo = np.stack([np.sin(2 * np.pi * 440 * t), 0.5 * np.sin(2 * np.pi * 900 * t)], 1)
+    sf.write(tmp_path / "a.wav", stereo, rate_in, subtype="FLOAT")
+    blocks = list(longform.read_audio_blocks(str(tmp_path / "a.wav"), rate, block_s=0.3))
+    assert len(blocks) > 5
+    want = soxr.resample(stereo.mean(1).astype(np.float32), rate_in, rate)
+    got = np.concatenate(blocks)
+    assert abs(len(got) - len(want)) <= 1
+    n = min(len(got), len(want))
+    np.testing.assert_allclose(got[:n], want[:n], atol=1e-4)
+    # At the model's rate, the samples are the file's.
+    sf.write(tmp_path / "b.wav", stereo[:, 0], rate, subtype="FLOAT")
+    same = np.concatenate(list(longform.read_audio_blocks(str(tmp_path / "b.wav"), rate, 0.2)))
+    np.testing.assert_array_equal(same, stereo[:, 0].astype(np.float32))
+
+
+def test_words_from_labels_char_and_sentencepiece():
+    labels = [SPACE, 2, 3, SPACE, 4, 1, SPACE]
+    got = longform.words_from_labels(labels, [0, 2, 3, 5, 7, 9, 12], WORDS, 0.04, 10.0)
+    assert [(w.text, round(w.start, 3), round(w.end, 3)) for w in got] == [
+        ("ab", 10.08, 10.16),
+        ("c<unk>", 10.28, 10.4),
+    ]
+    spm = TokenWords.from_pieces(
+        ["<blank>", "<unk>", "\u2581ab", "c", "\u2581d"], sentencepiece=True
+    )
+    got = longform.words_from_labels([2, 3, 4], [1, 2, 6], spm, 1.0, 0.0)
+    assert [(w.text, w.start, w.end) for w in got] == [("abc", 1.0, 3.0), ("d", 6.0, 7.0)]
+
+
+def _speech(rng, seconds: float, pauses: bool = False):
+    """Frames of labels (the oracle's "audio") and the words they spell with their times:
+    words of 1-4 letters held 1-2 frames each (at most 8 frames, 0.32 s), a space between
+    words, and 0-5 blank frames around it; with `pauses`, now and then 10-40 blank frames
+    (silence: the oracle's blank is 0). A word starts at its first letter's frame and
+    ends one frame after the frame where its last letter starts (what a decoder knows)."""
+    frames, words = [], []
+    while len(frames) * F < seconds * RATE:
+        if pauses and rng.random() < 0.15:
+            frames += [0] * int(rng.integers(10, 40))  # a pause of 0.4-1.6 s
+        frames += [0] * int(rng.integers(0, 6)) + [SPACE] + [0] * int(rng.integers(0, 3))
+        text, start = "", len(frames)
+        for _ in range(int(rng.integers(1, 5))):
+            letter = int(rng.integers(2, 6))
+            if frames and frames[-1] == letter:
+                frames.append(0)  # CTC needs a blank between two equal labels
+                start = start if text else len(frames)
+            last = len(frames)
+            frames += [letter] * int(rng.integers(1, 3))
+            text += PIECES[letter]
+        words.append((text, start * F / RATE, (last + 1) * F / RATE))
+    return np.repeat(np.array(frames, np.float32), F), words
+
+
+def oracle(audio: np.ndarray, lens: np.ndarray) -> list:
+    """A greedy CTC "model" whose per-frame label is the audio's value at the frame."""
+    ids = np.rint(audio[:, ::F]).astype(np.int32)
+    return collapse_with_frames(ids, lens // F)
+
+
+@pytest.mark.parametrize("window_s,overlap_s,batch", [(4.0, 1.0, 1), (4.0, 1.0, 3), (6.0, 2.0, 2)])
+def test_overlapping_windows_merge_into_the_whole_transcript(window_s, overlap_s, batch):
+    rng = np.random.default_rng(int(window_s * 10 + batch))
+    for seconds in (3.0, 31.0, 95.3):
+        audio, want = _speech(rng, seconds)
+        got = longform.transcribe(
+            _blocks(audio, rng), oracle, WORDS, rate=RATE, frame_samples=F,
+            window_s=window_s, overlap_s=overlap_s, min_pause_s=0, batch=batch,
+        )  # fmt: skip
+        assert [w.text for w in got] == [w for w, _, _ in want]
+        np.testing.assert_allclose([(w.start, w.end) for w in got], [w[1:] for w in want],
+                                   atol=1e-9)  # fmt: skip
+
+
+@pytest.mark.parametrize("min_pause_s", [0.3, 0.6])
+def test_pieces_cut_at_pauses_merge_into_the_whole_transcript(min_pause_s):
+    rng = np.random.default_rng(7)
+    audio, want = _speech(rng, 120.0, pauses=True)
+    got = longform.transcribe(
+        _blocks(audio, rng), oracle, WORDS, rate=RATE, frame_samples=F,
+        window_s=4.0, overlap_s=1.0, min_pause_s=min_pause_s, batch=3,
+    )  # fmt: skip
+    assert [w.text for w in got] == [w for w, _, _ in want]
+    # Pieces start mid-pause, off the oracle's frame grid: times move by less than a frame.
+    np.testing.assert_allclose([(w.start, w.end) for w in got], [w[1:] for w in want],
+                               atol=F / RATE)  # fmt: skip
+
+
+def test_windows_off_the_frame_grid_keep_every_word():
+    # A hop that is not a whole number of frames: times move by less than a frame.
+    rng = np.random.default_rng(3)
+    audio, want = _speech(rng, 40.0)
+    got = longform.transcribe([audio], oracle, WORDS, rate=RATE, frame_samples=F,
+                              window_s=4.02, overlap_s=1.0, min_pause_s=0, batch=2)  # fmt: skip
+    assert [w.text for w in got] == [w for w, _, _ in want]
+    np.testing.assert_allclose([w.start for w in got], [w[1] for w in want], atol=F / RATE)
+
+
+def test_bad_overlap():
+    with pytest.raises(ValueError, match="overlap_s"):
+        longform.transcribe([np.zeros(10)], oracle, WORDS, rate=RATE, frame_samples=F,
+                            window_s=2.0, overlap_s=2.0)  # fmt: skip
