@@ -6,10 +6,12 @@ import os
 import jax
 import numpy as np
 import pytest
+import soundfile as sf
 
 from data_prep import lm as lm_build
-from jaxspeech import evaluate, monitor
+from jaxspeech import evaluate, monitor, transcribe
 from jaxspeech import state as state_lib
+from jaxspeech.data import reader
 from jaxspeech.parallel import mesh as mesh_lib
 from tests.e2e.cli import run_module, train_args
 
@@ -148,3 +150,18 @@ def test_transducer_head_trains_and_decodes_every_way(corpus):
         _check_scores(result, manifest)
         saved = workdir / "eval" / f"test-step8-{method}-beam2-transducer-lm-w0.5-b1.json"
         assert json.load(open(saved))["wer"] == result["wer"]
+    # Long-form transcription with the transducer: word times from the frames RNN-T
+    # greedy search emits labels at (two utterances in one file, cut at the pause).
+    recs = reader.read_split_records(str(shards), "test", positions=[0, 1])
+    pause = np.zeros(8000, np.float32)
+    audio = np.concatenate([reader.audio_float32(recs[0]), pause, reader.audio_float32(recs[1])])
+    sf.write(root / "transducer-two.wav", audio, 16000)
+    config = evaluate.run_eval_config(str(workdir))
+    got = []
+    loaded = state_lib.load_run(str(workdir), config=config)
+    assert transcribe.transcribe_files(
+        [str(root / "transducer-two.wav")], loaded, config, window_s=8.0, overlap_s=2.0, batch=8,
+        emit=got.append,
+    ) == 0  # fmt: skip
+    starts = [w["start"] for w in got[0]["words"]]
+    assert starts == sorted(starts) and all(0 <= t < len(audio) / 16000 for t in starts)
