@@ -156,16 +156,16 @@ def readme_refs() -> dict[str, list]:
 def test_readme_walk_finds_every_reference():
     """Counted by hand in README.md: 11 settings with a value (6 as `--config.` flags: num_steps,
     num_layers, fsdp, run_steps, init_from, log_batch_ids; 5 in prose: loader_shards,
-    dtype, grad_accum, remat, eval_split), 27 without one (batch_seconds, waveform_aug,
+    dtype, grad_accum, remat, eval_split), 28 without one (batch_seconds, waveform_aug,
     specaug, seed, mesh.{...}, mesh.rules, mesh.rules.embed (set empty), count_flops,
     peak_tflops, encoder, conformer.*, lstm.*, head, ctc_weight, rnnt, method, the five
-    scoring keys, lm_path, lm_weight, word_bonus), the syntax `--config.KEY=VALUE`
+    scoring keys, lm_path, lm_weight, word_bonus, streaming), the syntax `--config.KEY=VALUE`
     and RUN/config.json twice. Pinned, so a regex that stops matching cannot leave the
     tests below with nothing to check; after editing the README's options, recount and
     update."""
     refs = readme_refs()
     counts = {kind: len(found) for kind, found in refs.items()}
-    assert counts == {"override": 11, "reference": 27, "syntax": 1, "file": 2}, refs
+    assert counts == {"override": 11, "reference": 28, "syntax": 1, "file": 2}, refs
     assert "model.conformer.remat" in dict(refs["override"])  # the issue's example
 
 
