@@ -13,7 +13,13 @@ from jaxspeech.decoding.lm import Fusion, NgramLM, TokenWords
 from jaxspeech.decoding.rnnt_fusion import PredictorBeam, rnnt_beam_search_fused
 from jaxspeech.errors import UserError
 from tests.decoding.test_ctc import _brute_force, _log_softmax
-from tests.decoding.test_rnnt import _enc, _model, _modified_beam_ref, _params
+from tests.decoding.test_rnnt import (
+    _enc,
+    _model,
+    _modified_beam_ref,
+    _modified_beam_sequences,
+    _params,
+)
 
 CHAR_PIECES = ["<blank>", "<unk>", "a", "b", " "]
 SPM_PIECES = ["<blank>", "<unk>", "\u2581a", "b", "\u2581b"]
@@ -156,21 +162,9 @@ def _numpy_beam(model, blank) -> PredictorBeam:
 
 
 def _fused_brute_force(enc_td, n, model, blank, v, lm_part):
-    """Every one-output-per-frame alignment, probabilities summed per label sequence, plus
-    the sequence's LM part: the best fused sequence."""
-    import itertools
-
-    pred_init, pred_step, joint = model
-    pred0, state0 = pred_step(pred_init(1), np.full((1,), blank))
-    probs: dict[tuple[int, ...], float] = {}
-    for path in itertools.product(range(v), repeat=n):
-        pred, state, logp, seq = pred0, state0, 0.0, []
-        for t, y in enumerate(path):
-            logp += _log_softmax(joint(enc_td[t : t + 1], pred)[0])[y]
-            if y != blank:
-                seq.append(y)
-                pred, state = pred_step(state, np.array([y]))
-        probs[tuple(seq)] = probs.get(tuple(seq), 0.0) + np.exp(logp)
+    """The best fused sequence of all one-output-per-frame alignments, and every
+    sequence's fused score (its summed probability's log plus its LM part)."""
+    probs = _modified_beam_sequences(enc_td, n, model, blank, v)
     fused = {s: np.log(p) + lm_part(s) for s, p in probs.items()}
     return max(fused, key=fused.get), fused
 

@@ -77,10 +77,10 @@ def _greedy_ref(enc_td, n, model, blank, max_sym):
     return out
 
 
-def _modified_beam_brute_force(enc_td, n, model, blank, v):
+def _modified_beam_sequences(enc_td, n, model, blank, v) -> dict:
     """Every alignment with exactly one output per frame (blank, or one label and the frame ends:
     icefall's modified beam search adds no blank after a label); probabilities summed per label
-    sequence. Returns the best (sequence, log-prob) and the number of distinct sequences."""
+    sequence: {sequence: probability}."""
     pred_init, pred_step, joint = model
     pred0, state0 = pred_step(pred_init(1), np.full((1,), blank))
     probs: dict[tuple[int, ...], float] = {}
@@ -92,6 +92,12 @@ def _modified_beam_brute_force(enc_td, n, model, blank, v):
                 seq.append(y)
                 pred, state = pred_step(state, np.array([y]))
         probs[tuple(seq)] = probs.get(tuple(seq), 0.0) + np.exp(logp)
+    return probs
+
+
+def _modified_beam_brute_force(enc_td, n, model, blank, v):
+    """The best (sequence, log-prob) of `_modified_beam_sequences`."""
+    probs = _modified_beam_sequences(enc_td, n, model, blank, v)
     best = max(probs, key=probs.get)
     return list(best), float(np.log(probs[best]))
 
