@@ -123,8 +123,8 @@ class LMContext:
 
 class Fusion:
     """Shallow fusion of `lm` with weight `lm_weight` and `word_bonus` per word, over the
-    labels of `words`. Scores are cached per (state, word), so a beam's many hypotheses that
-    share a history query the LM once.
+    labels of `words`. Scores are cached per (state, word) during one search, so a beam's
+    many hypotheses that share a history query the LM once.
     """
 
     def __init__(self, lm: WordLM, words: TokenWords, lm_weight: float, word_bonus: float):
@@ -133,6 +133,9 @@ class Fusion:
         self._cache: dict[tuple[Any, str], tuple[float, Any]] = {}
 
     def start(self) -> LMContext:
+        """The context of an empty hypothesis. A search starts here, so the cache (of the
+        previous utterance's histories) is emptied: it stays as big as one search needs."""
+        self._cache.clear()
         return LMContext(self.lm.begin(), "", 0.0)
 
     def _word(self, ctx: LMContext) -> tuple[Any, float]:
