@@ -1,15 +1,17 @@
-"""CTC decoding with and without an n-gram LM on a trained run: WER/CER and search time.
+"""Beam search with and without an n-gram LM on a trained run: WER/CER and search time.
 
-`python benchmarks/lm_fusion.py --workdir runs/demo --data data/demo/shards`
+`python benchmarks/lm_fusion.py --workdir runs/demo --data data/demo/shards [--head rnnt]`
 
 1. Builds a word n-gram LM (`--order`, default 3) from the train split's transcripts with
    `data_prep.lm` (or takes `--lm`), and reports how many dev/test transcripts occur
    verbatim in the train split (an LM trained on them would know those sentences).
-2. Runs the model once over every utterance of dev and test (the log-probs evaluation's
-   ctc_beam uses) and scores, from the same log-probs: greedy decoding, prefix beam search
-   without LM, and with the LM for every (`--weights` x `--bonuses`) on dev; then test with
-   the best dev setting and with the config's defaults.
-3. Prints a table and writes `benchmarks/results/lm_fusion.json`.
+2. Runs the model once over every utterance of dev and test (`--head ctc`: the log-probs
+   evaluation's ctc_beam uses; `rnnt`: the transducer's projected encodings) and scores,
+   from the same outputs: greedy decoding (for rnnt: modified beam search of width 1),
+   beam search without LM, and with the LM for every (`--weights` x `--bonuses`) on dev;
+   then test with the best dev setting and with the config's defaults. The rnnt searches
+   are the fused host search (`decoding.rnnt_fusion`; weight 0 is the device search).
+3. Prints a table and writes `benchmarks/results/lm_fusion.json` (`lm_fusion_rnnt.json`).
 
 Scores use the evaluator's scorer and the run's scoring normalization, so the greedy row
 equals `python -m jaxspeech.evaluate` on the same checkpoint.
@@ -23,6 +25,7 @@ import math
 import os
 import platform
 import time
+import types
 
 import jax
 import numpy as np
@@ -34,6 +37,7 @@ from jaxspeech.data import reader
 from jaxspeech.data.tokenizer import normalize_text
 from jaxspeech.decoding import ctc
 from jaxspeech.decoding.lm import Fusion, NgramLM, TokenWords
+from jaxspeech.decoding.rnnt_fusion import rnnt_beam_search_fused
 from jaxspeech.metrics.wer import ErrorCounts
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -42,10 +46,16 @@ BATCH = 16
 PAD_SECONDS = 2.0  # batches are padded to a multiple of this: few compiled shapes
 
 
-def logprobs_of_split(run, data: str, split: str) -> tuple[list[np.ndarray], list[str], float]:
-    """Per utterance (T, V) CTC log-probs, the references and the split's audio seconds."""
+def outputs_of_split(
+    run, data: str, split: str, head: str
+) -> tuple[list[np.ndarray], list[str], float]:
+    """Per utterance (T, V) CTC log-probs or (T, J) transducer encodings, the references
+    and the split's audio seconds."""
     config = run.config.copy_and_resolve_references()
-    config.decoding.method, config.decoding.lm_path = "ctc_beam", ""
+    # rnnt_beam with an LM path: the device half returns the encodings for the host search.
+    config.decoding.method = "ctc_beam" if head == "ctc" else "rnnt_beam"
+    config.decoding.lm_path = "" if head == "ctc" else "an.arpa"
+    key = "logprobs" if head == "ctc" else "enc_proj"
     decode = search.make_decode_fn(run.spec.graphdef, config, run.tokenizer.blank_id)
     recs = reader.read_split_records(data, split)
     audio = [reader.audio_float32(r) for r in recs]
@@ -63,7 +73,7 @@ def logprobs_of_split(run, data: str, split: str) -> tuple[list[np.ndarray], lis
                 batch[row, : len(audio[i])], lens[row] = audio[i], len(audio[i])
             got = jax.device_get(decode(run.params, run.model_vars, batch, lens))
             for row, i in enumerate(idx):
-                out[i] = got["logprobs"][row, : int(got["lengths"][row])]
+                out[i] = got[key][row, : int(got["lengths"][row])]
     refs = [normalize_text(r["text"]) for r in recs]
     return out, refs, sum(len(a) for a in audio) / rate
 
@@ -75,9 +85,17 @@ def score(hyps: list[list[int]], refs: list[str], run, normalize) -> dict:
     return {"wer": round(counts.wer, 5), "cer": round(counts.cer, 5)}
 
 
-def decode_all(logprobs, beam: int | None, fusion: Fusion | None) -> tuple[list, float]:
+def decode_all(outputs, beam: int | None, fusion: Fusion | None, transducer=None) -> tuple:
+    """Best label sequences and seconds; `transducer`: a `PredictorBeam` (rnnt head)."""
     t0 = time.perf_counter()
-    if beam is None:
+    logprobs = outputs
+    if transducer is not None:
+        fusion = fusion or Fusion(transducer.lm, transducer.words, 0.0, 0.0)
+        hyps = [
+            rnnt_beam_search_fused(x, len(x), transducer.model, fusion, beam=beam or 1)[0].tokens
+            for x in outputs
+        ]
+    elif beam is None:
         hyps = [ctc.collapse(lp.argmax(-1)[None], np.array([len(lp)]))[0] for lp in logprobs]
     else:
         hyps = [
@@ -106,12 +124,17 @@ def main() -> None:
     ap.add_argument("--data", required=True)
     ap.add_argument("--lm", help="an ARPA file (default: built from the train split)")
     ap.add_argument("--order", type=int, default=3)
+    ap.add_argument("--head", choices=("ctc", "rnnt"), default="ctc")
     ap.add_argument("--beam", type=int, default=8)
     ap.add_argument("--weights", default="0.1,0.2,0.3,0.45")
     ap.add_argument("--bonuses", default="0.5,1,2,3,4")
     args = ap.parse_args()
 
-    result: dict = {"machine": platform.processor() or platform.machine(), "beam": args.beam}
+    result: dict = {
+        "machine": platform.processor() or platform.machine(),
+        "beam": args.beam,
+        "head": args.head,
+    }
     lm_path = args.lm or os.path.join(args.workdir, "lm", f"train-{args.order}gram.arpa")
     if not args.lm:
         sentences = list(lm_build.read_sentences_from_split(args.data, "train"))
@@ -125,12 +148,18 @@ def main() -> None:
     words = TokenWords.from_tokenizer(run.tokenizer)
     lm = NgramLM(lm_path)
     result["step"], rows = run.step, []
-    splits = {s: logprobs_of_split(run, args.data, s) for s in ("dev", "test")}
+    splits = {s: outputs_of_split(run, args.data, s, args.head) for s in ("dev", "test")}
+    transducer = None
+    if args.head == "rnnt":
+        model = search.predictor_beam(
+            run.spec.graphdef, run.params, run.model_vars, run.tokenizer.blank_id
+        )
+        transducer = types.SimpleNamespace(model=model, lm=lm, words=words)
 
     def row(split, name, beam, weight=None, bonus=None):
-        logprobs, refs, seconds = splits[split]
+        outputs, refs, seconds = splits[split]
         fusion = Fusion(lm, words, weight, bonus) if weight is not None else None
-        hyps, secs = decode_all(logprobs, beam, fusion)
+        hyps, secs = decode_all(outputs, beam, fusion, transducer)
         r = {"split": split, "decoder": name, "lm_weight": weight, "word_bonus": bonus}
         r |= score(hyps, refs, run, normalize) | {"search_rtf": round(secs / seconds, 4)}
         rows.append(r)
@@ -152,7 +181,8 @@ def main() -> None:
         row("test", f"beam {args.beam} + LM", args.beam, weight, bonus)
     result |= {"rows": rows, "best_dev": {k: best[k] for k in ("lm_weight", "word_bonus")}}
     os.makedirs(RESULTS, exist_ok=True)
-    with open(os.path.join(RESULTS, "lm_fusion.json"), "w") as f:
+    name = "lm_fusion.json" if args.head == "ctc" else "lm_fusion_rnnt.json"
+    with open(os.path.join(RESULTS, name), "w") as f:
         json.dump(result, f, indent=1)
     print("| split | decoder | LM weight | word bonus | WER | CER | search RTF |")
     print("|---|---|---|---|---|---|---|")
