@@ -234,18 +234,16 @@ class StreamDecoder:
                 "decoding.streaming needs a streaming encoder (a Conformer with causal=True "
                 "and chunk_size > 0)"
             )
-        self.left_unlimited = model.encoder.left_chunks < 0
-        self.frame_samples = model.frame_samples
         rate = int(config.features.sample_rate)
-        history = int(np.ceil(max_seconds * rate / self.frame_samples)) + 1
+        history = int(np.ceil(max_seconds * rate / model.frame_samples)) + 1
         host = mesh_lib.gather_to_host((params, model_vars))
         device = jax.local_devices()[0]
         self.params, self.model_vars = jax.device_put(host, device)
-        self.fns = inference.inference_functions(
-            graphdef, *host, stream_history=history if self.left_unlimited else None
+        fns = inference.inference_functions(
+            graphdef, *host, stream_history=history if model.encoder.left_chunks < 0 else None
         )
-        self.jitted = {k: jax.jit(self.fns[k]) for k in inference.STREAM_FUNCTIONS}
-        self.info = self.fns["stream_first"].stream
+        self.jitted = {k: jax.jit(fns[k]) for k in inference.STREAM_FUNCTIONS}
+        self.info = fns["stream_first"].stream
         # The head output the decoder reads: CTC log-probs or the transducer's enc_proj.
         wanted = "log_probs" if decoding_method(config).startswith("ctc") else "enc_proj"
         self.output = self.info.outputs.index(wanted)

@@ -104,7 +104,7 @@ def ctc_prefix_beam_search(
         # A word-starting label completes the prefix's current word: the LM scores it.
         lm_pc = np.broadcast_to(lm[:, None], ext_pc.shape)
         if fusion and starts_word[cand].any():
-            done = np.array([fusion.extend(c, int(cand[starts_word[cand]][0])).score for c in ctxs])
+            done = np.array([fusion.word_done(c) for c in ctxs])
             lm_pc = np.where(starts_word[cand][None, :], done[:, None], lm_pc)
         # An extension can land on a prefix already in the beam ("a" + "b" = "ab"): fold those
         # into that prefix's pnb so that every remaining extension is a new, distinct prefix.

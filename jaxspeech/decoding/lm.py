@@ -157,6 +157,11 @@ class Fusion:
         state, added = self._word(ctx)
         return LMContext(state, text, ctx.score + added)
 
+    def word_done(self, ctx: LMContext) -> float:
+        """The fused score of `ctx` once its current word is complete: what any label that
+        starts a new word gives it (the new word's own score comes when it is complete)."""
+        return ctx.score + self._word(ctx)[1]
+
     def finish(self, ctx: LMContext) -> float:
         """The whole hypothesis' fused LM score: its last word and the end of sentence."""
         state, added = self._word(ctx)

@@ -64,17 +64,14 @@ def rnnt_beam_search_fused(
     frames: list[tuple[int, ...]] = [()] * k
     acoustic = np.where(np.arange(k) == 0, 0.0, -np.inf)  # one live hypothesis at first
     ctxs = [fusion.start()] * k
+    starts = np.array(fusion.words.starts_word)  # labels that begin a word
     for t in range(int(length)):
         logp_kv = np.asarray(model.logp(carry, enc_td[t]), np.float64)
         vocab = logp_kv.shape[1]
         lm_k = np.array([c.score for c in ctxs])
         # A word-starting label completes the hypothesis' word: the LM scores it.
-        starts = np.array(fusion.words.starts_word[:vocab])
-        first_start = int(np.argmax(starts)) if starts.any() else -1
-        done_k = (
-            np.array([fusion.extend(c, first_start).score for c in ctxs]) if starts.any() else lm_k
-        )
-        lm_kv = np.where(starts[None, :], done_k[:, None], lm_k[:, None])
+        done_k = np.array([fusion.word_done(c) for c in ctxs]) if starts.any() else lm_k
+        lm_kv = np.where(starts[None, :vocab], done_k[:, None], lm_k[:, None])
         cand_kv = acoustic[:, None] + logp_kv
         rank = (cand_kv + lm_kv).ravel()
         top = np.argsort(-rank, kind="stable")[:k]

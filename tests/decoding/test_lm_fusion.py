@@ -89,6 +89,9 @@ def test_fusion_scores_words_as_the_text_reads(pieces, spm):
         seq = rng.integers(1, len(pieces), size=rng.integers(0, 8)).tolist()
         ctx = fusion.start()
         for tok in seq:
+            # What a word-starting label gives is the score once the word is complete.
+            starter = next(i for i, start in enumerate(fusion.words.starts_word) if start)
+            assert fusion.word_done(ctx) == fusion.extend(ctx, starter).score
             ctx = fusion.extend(ctx, tok)
         want = _fused_score(LM, pieces, seq, 0.7, 1.5, spm)
         np.testing.assert_allclose(fusion.finish(ctx), want, rtol=0, atol=1e-12)
