@@ -287,6 +287,29 @@ def get_config(arg: str | None = None) -> ConfigDict:
     # E.g. --config.mesh.rules.embed= keeps parameters whole on a data+fsdp mesh.
     c.mesh.rules = ConfigDict(rules.rules_to_config())
 
+    # How learners agree on a model (jaxspeech/parallel/sync.py; README "Choosing a sync
+    # strategy"). A learner is one replica x data group of devices. allreduce (gradients
+    # every step) | bmuf (local steps, block-wise model averaging with block momentum) |
+    # gtc (threshold-compressed gradients with residuals) | gossip (ring averaging with
+    # neighbours) | hierarchical (all-reduce inside a replica, `outer` across replicas).
+    c.sync = ConfigDict()
+    c.sync.strategy = "allreduce"
+    c.sync.outer = "gossip"  # hierarchical: gossip | bmuf across the replica axis
+    c.sync.block_steps = 8  # bmuf: local steps per block (communication / block_steps)
+    c.sync.block_momentum = -1.0  # bmuf eta; -1 = 1 - 1/learners (zeta / N(1 - eta) = 1)
+    c.sync.block_lr = 1.0  # bmuf zeta
+    c.sync.nesterov = True  # bmuf: learners restart from W_g + eta * momentum
+    c.sync.gtc_tau = 0.0  # gtc: fixed threshold; used when gtc_density = 0
+    # gtc: adaptive threshold sending this share of each shard's elements per step
+    c.sync.gtc_density = 0.002
+    # gtc: message slots per shard element (fixed-size all-gather); the excess waits in
+    # the residual and is counted (sync/gtc_overflow)
+    c.sync.gtc_capacity = 0.004
+    c.sync.gtc_values = "sign"  # gtc: sign (+-tau, 4 bytes per element) | float (8 bytes)
+    # gossip: mix with the neighbours' parameters from before this step's update, so the
+    # exchange overlaps the step's compute (D-PSGD; the synchronous form of AD-PSGD)
+    c.sync.gossip_overlap = False
+
     if variant == "long":
         c.train.num_steps = 1800
     if variant in ("rnnt", "ctc_rnnt"):

@@ -133,6 +133,11 @@ def describe_compiled(compiled, shapes: dict, flops: float | None, sample_rate: 
 
 
 # Per-step values summed (not averaged) over a logging window.
+SYNC_SCALARS = {
+    "sync_bytes_per_step": "sync/bytes_per_step",
+    "sync_density": "sync/gtc_density",
+    "sync_overflow": "sync/gtc_overflow",
+}
 SUMMED = (
     "audio_seconds",
     "skipped_infeasible",
@@ -197,6 +202,12 @@ def window_summary(
         "perf/goodput": goodput,
     }
     scalars |= {f"perf/seconds_{k}": v for k, v in times.items() if k != "wall"}
+    # Sync strategy (jaxspeech.parallel.sync): bytes per device per step (mean), GTC's
+    # density (mean) and overflow (elements that waited for a slot, summed).
+    for key, name in SYNC_SCALARS.items():
+        if key in m:
+            steps_sum = float(np.sum([p[key] for p in fetched]))
+            scalars[name] = steps_sum if key == "sync_overflow" else m[key]
     if figures["mfu"] is not None:
         scalars["perf/mfu"] = figures["mfu"]
     return scalars, figures

@@ -36,6 +36,7 @@ from jaxspeech.models import DTYPES, ENCODERS, model_from_arguments
 from jaxspeech.models.frontend import FeatureStats
 from jaxspeech.parallel import mesh as mesh_lib
 from jaxspeech.parallel import rules
+from jaxspeech.parallel import sync as sync_lib
 
 ASSETS = "assets"  # RUN/assets: the run's own tokenizer and feature statistics
 TOKENIZER = "tokenizer"
@@ -177,7 +178,14 @@ def init_opt_state(
 
 @dataclasses.dataclass
 class TrainState:
-    """Everything one training step reads and writes, sharded over the mesh."""
+    """Everything one training step reads and writes, sharded over the mesh.
+
+    `params` is the model that is evaluated and checkpointed as the run's model. Under a
+    sync strategy with per-learner models (`strategy.per_learner_models`), `opt_state`
+    holds the learners' optimizer states (leading learner axis) and `sync_state` their
+    parameters and the strategy's own state (BMUF's momentum, GTC's residuals);
+    `model_params()` then gives the model to evaluate. All-reduce: `sync_state` = {}.
+    """
 
     spec: ModelSpec
     params: dict
@@ -186,17 +194,33 @@ class TrainState:
     schedule: optax.Schedule
     opt_state: Any
     opt_shardings: Any
+    strategy: sync_lib.Strategy = dataclasses.field(default_factory=sync_lib.Strategy)
+    sync_state: dict = dataclasses.field(default_factory=dict)
+    sync_shardings: dict = dataclasses.field(default_factory=dict)
 
     @property
     def abstract_train(self) -> dict:
-        """Restore target of a checkpoint's train item (optimizer state, step, RNG)."""
+        """Restore target of a checkpoint's train item (optimizer state, step, RNG, and the
+        sync strategy's state if it has one)."""
         replicated = NamedSharding(self.spec.mesh, PartitionSpec())
         rng = jax.random.key_data(jax.random.key(0))
-        return {
+        out = {
             "opt_state": ckpt_lib.abstract_like(self.opt_state, self.opt_shardings),
             "step": jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated),
             "rng": jax.ShapeDtypeStruct(rng.shape, rng.dtype, sharding=replicated),
         }
+        if self.strategy.has_state:
+            out["sync"] = ckpt_lib.abstract_like(self.sync_state, self.sync_shardings)
+        return out
+
+    def model_params(self) -> dict:
+        """The model to evaluate and save: `params`, except under gossip, where it is the
+        learners' mean (computed here, an all-reduce; the step never needs it)."""
+        if self.strategy.method != "gossip":
+            return self.params
+        mean = jax.jit(sync_lib.mean_over_learners, out_shardings=self.spec.param_shardings)
+        with jax.set_mesh(self.spec.mesh):
+            return mean(self.sync_state["learners"])
 
 
 def init_train_state(
@@ -209,15 +233,69 @@ def init_train_state(
     tx: optax.GradientTransformation | None = None,
 ) -> TrainState:
     """Parameters (seeded by config.seed), feature statistics and the optimizer of
-    `config.optim` (or `tx`) with its state, all laid out on `mesh`."""
+    `config.optim` (or `tx`) with its state, all laid out on `mesh`, with the state of
+    `config.sync`'s strategy (jaxspeech.parallel.sync).
+
+    Raises:
+      SyncConfigError: a sync strategy this config or mesh cannot serve.
+    """
+    strategy = sync_lib.strategy_from_config(config.get("sync"), dict(mesh.shape))
     spec = abstract_model(config, vocab_size, mesh)
     params = init_params(config, vocab_size, spec, config.seed)
     model_vars = jax.device_put(feature_stats(mean_f, std_f), spec.var_shardings)
     schedule: optax.Schedule = lambda step: 0.0  # noqa: E731
     if tx is None:
         tx, schedule = optim.make_optimizer(config.optim, int(config.train.num_steps))
-    opt_state, opt_shardings = init_opt_state(tx, params, mesh, spec.param_shardings)
-    return TrainState(spec, params, model_vars, tx, schedule, opt_state, opt_shardings)
+    if strategy.per_learner_models:
+        opt_state, opt_shardings, sync_state, sync_shardings = init_learners(
+            strategy, tx, params, spec
+        )
+    else:
+        opt_state, opt_shardings = init_opt_state(tx, params, mesh, spec.param_shardings)
+        sync_state, sync_shardings = {}, {}
+        if strategy.method == "gtc":
+            sync_shardings = {
+                "residual": sync_lib.learner_shardings(spec.param_shardings, strategy.learner_axes)
+            }
+            zeros = lambda p: jax.tree.map(  # noqa: E731
+                lambda x: jnp.zeros((strategy.num_learners,) + x.shape, x.dtype), p
+            )
+            sync_state = {
+                "residual": jax.jit(zeros, out_shardings=sync_shardings["residual"])(params)
+            }
+    return TrainState(
+        spec,
+        params,
+        model_vars,
+        tx,
+        schedule,
+        opt_state,
+        opt_shardings,
+        strategy,
+        sync_state,
+        sync_shardings,
+    )
+
+
+def init_learners(
+    strategy: sync_lib.Strategy, tx: optax.GradientTransformation, params: dict, spec: ModelSpec
+) -> tuple[Any, Any, dict, dict]:
+    """Every learner starting from `params` with a fresh optimizer state, stacked on a
+    leading learner axis sharded over the learner axes. Returns (optimizer states, their
+    shardings, sync state {"learners"[, "momentum" (bmuf)]}, its shardings)."""
+    axes, n = strategy.learner_axes, strategy.num_learners
+    learner_p = sync_lib.learner_shardings(spec.param_shardings, axes)
+    one_opt = opt_shardings(tx, params, spec.mesh, spec.param_shardings)
+    learner_o = sync_lib.learner_shardings(one_opt, axes)
+    learners = jax.jit(lambda p: sync_lib.stack(p, n), out_shardings=learner_p)(params)
+    opt_state = jax.jit(jax.vmap(tx.init), out_shardings=learner_o)(learners)
+    state, shardings = {"learners": learners}, {"learners": learner_p}
+    if strategy.method == "bmuf":
+        zeros = jax.jit(
+            lambda p: jax.tree.map(jnp.zeros_like, p), out_shardings=spec.param_shardings
+        )
+        state["momentum"], shardings["momentum"] = zeros(params), spec.param_shardings
+    return opt_state, learner_o, state, shardings
 
 
 # ---------------------------------------------------------------- a run's assets

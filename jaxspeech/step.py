@@ -21,7 +21,7 @@ from jaxspeech import optim
 from jaxspeech import state as state_lib
 from jaxspeech.models.frontend import FeatureStats
 from jaxspeech.parallel import mesh as mesh_lib
-from jaxspeech.parallel import rules
+from jaxspeech.parallel import rules, sync
 
 # Host batch arrays and their ranks: what the loader yields and the step reads.
 BATCH_RANKS = {
@@ -138,6 +138,65 @@ def make_grads_fn(graphdef, blank_id: int, loss_cfg: ConfigDict) -> Callable:
     return grads_and_sums
 
 
+def make_accumulated_grads(grads_and_sums: Callable, grad_accum: int) -> Callable:
+    """(params, model_vars, batch, key, step) -> (summed gradients, sums) over the batch,
+    in `grad_accum` micro-batches (a `lax.scan`: activation memory of one micro-batch;
+    gradients and sums accumulate in float32). Micro-batch i draws `key` folded with i."""
+    if grad_accum < 1:
+        raise ValueError(f"train.grad_accum must be >= 1, got {grad_accum}")
+
+    def accumulated(params, model_vars, batch, key, step):
+        if grad_accum == 1:
+            return grads_and_sums(params, model_vars, batch, jax.random.fold_in(key, 0), step)
+        micro = split_micro_batches(batch, grad_accum)
+
+        def body(acc, xs):
+            i, mb = xs
+            out = grads_and_sums(params, model_vars, mb, jax.random.fold_in(key, i), step)
+            return jax.tree.map(jnp.add, acc, out), None
+
+        shapes = jax.eval_shape(
+            grads_and_sums, params, model_vars, jax.tree.map(lambda x: x[0], micro), key, step
+        )
+        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+        (grads, sums), _ = jax.lax.scan(body, zeros, (jnp.arange(grad_accum), micro))
+        return grads, sums
+
+    return accumulated
+
+
+def guarded_update(tx: optax.GradientTransformation, grads, objective, params, opt_state):
+    """The optimizer update, or nothing where the objective or the gradient norm is not
+    finite. Returns (params, opt_state, finite, gradient norm)."""
+    grad_norm = optax.tree.norm(grads)
+    finite = jnp.isfinite(objective) & jnp.isfinite(grad_norm)
+    updates, new_opt_state = tx.update(grads, opt_state, params)
+    new_params = optax.apply_updates(params, updates)
+    # Skipped, not clipped: a NaN anywhere would otherwise spread into every weight.
+    params, opt_state = jax.tree.map(
+        lambda new, old: jnp.where(finite, new, old),
+        (new_params, new_opt_state),
+        (params, opt_state),
+    )
+    return params, opt_state, finite, grad_norm
+
+
+def step_metrics(sums: dict, grad_norm, param_norm, finite) -> dict:
+    """The step's metrics from its (summed) loss sums: per-token and per-utterance losses,
+    norms, the non-finite flag (or share of learners that skipped) and the counts."""
+    tokens = jnp.maximum(sums["tokens"], 1.0)
+    metrics = {
+        "loss": sums["objective"] / tokens,
+        "utt_loss": sums["objective"] / jnp.maximum(sums["utterances"], 1.0),
+        "grad_norm": grad_norm,
+        "param_norm": param_norm,
+        "nonfinite": 1.0 - finite.astype(jnp.float32),
+    }
+    for k, v in sums.items():
+        metrics[k] = v / tokens if k.startswith("loss_") else v
+    return metrics
+
+
 def make_train_step(
     graphdef,
     tx: optax.GradientTransformation,
@@ -160,54 +219,160 @@ def make_train_step(
     steps. The step's randomness is `seed` folded with the step: (seed, step) is the
     whole RNG state a checkpoint needs.
     """
-    if grad_accum < 1:
-        raise ValueError(f"train.grad_accum must be >= 1, got {grad_accum}")
-    grads_and_sums = make_grads_fn(graphdef, blank_id, loss_cfg)
+    accumulated = make_accumulated_grads(make_grads_fn(graphdef, blank_id, loss_cfg), grad_accum)
 
     def train_step(params, model_vars, opt_state, batch, step):
         key = jax.random.fold_in(step_key(seed), step)
-        if grad_accum == 1:
-            grads, sums = grads_and_sums(
-                params, model_vars, batch, jax.random.fold_in(key, 0), step
-            )
-        else:
-            micro = split_micro_batches(batch, grad_accum)
-
-            def body(acc, xs):
-                i, mb = xs
-                out = grads_and_sums(params, model_vars, mb, jax.random.fold_in(key, i), step)
-                return jax.tree.map(jnp.add, acc, out), None
-
-            shapes = jax.eval_shape(
-                grads_and_sums, params, model_vars, jax.tree.map(lambda x: x[0], micro), key, step
-            )
-            zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-            (grads, sums), _ = jax.lax.scan(body, zeros, (jnp.arange(grad_accum), micro))
+        grads, sums = accumulated(params, model_vars, batch, key, step)
         # Per-token objective: buckets of different batch sizes get the same gradient scale.
         tokens = jnp.maximum(sums["tokens"], 1.0)
         grads = jax.tree.map(lambda g: g / tokens, grads)
-        grad_norm = optax.tree.norm(grads)
-        finite = jnp.isfinite(sums["objective"]) & jnp.isfinite(grad_norm)
-        updates, new_opt_state = tx.update(grads, opt_state, params)
-        new_params = optax.apply_updates(params, updates)
-        # Skipped, not clipped: a NaN anywhere would otherwise spread into every weight.
-        params, opt_state = jax.tree.map(
-            lambda new, old: jnp.where(finite, new, old),
-            (new_params, new_opt_state),
-            (params, opt_state),
+        params, opt_state, finite, grad_norm = guarded_update(
+            tx, grads, sums["objective"], params, opt_state
         )
-        metrics = {
-            "loss": sums["objective"] / tokens,
-            "utt_loss": sums["objective"] / jnp.maximum(sums["utterances"], 1.0),
-            "grad_norm": grad_norm,
-            "param_norm": optax.tree.norm(params),
-            "nonfinite": 1.0 - finite.astype(jnp.float32),
-        }
-        for k, v in sums.items():
-            metrics[k] = v / tokens if k.startswith("loss_") else v
-        return params, opt_state, metrics
+        return params, opt_state, step_metrics(sums, grad_norm, optax.tree.norm(params), finite)
 
     return train_step
+
+
+def make_sync_train_step(
+    graphdef,
+    tx: optax.GradientTransformation,
+    seed: int,
+    blank_id: int,
+    loss_cfg: ConfigDict,
+    strategy: sync.Strategy,
+    param_shardings: dict,
+    *,
+    grad_accum: int = 1,
+) -> Callable:
+    """(params, model_vars, opt_state, sync_state, batch, step) -> (params, opt_state,
+    sync_state, metrics): the training step under `strategy` (jaxspeech.parallel.sync).
+
+    - allreduce: `make_train_step`, unchanged; sync_state is {} and passes through.
+    - bmuf / gossip (and hierarchical): sync_state["learners"] (n, ...) are the learners'
+      parameters and opt_state their optimizer states (n, ...). Each learner takes a
+      local step on its block of the batch (a `vmap` over the learner axis with
+      `spmd_axis_name`, so each learner's arrays stay on its devices), normalized by its
+      own tokens and skipped alone if not finite; then BMUF's block update every
+      `block_steps` steps (params = the global model W_g) or the ring mix every step
+      (params pass through unchanged: `model_params` gives the learners' mean).
+    - gtc: one shared model and optimizer; each learner's gradient (its sum over the
+      global batch's tokens, so the learners' shares add up to the all-reduce gradient)
+      goes through `sync.gtc_exchange` with sync_state["residual"] (n, ...), and the
+      summed sparse update through the optimizer.
+
+    metrics add "sync_bytes_per_step" (payload arithmetic) and, for GTC, "sync_density"
+    (sent / all elements) and "sync_overflow" (elements that found no slot).
+    """
+    if strategy.method == "allreduce":
+        plain = make_train_step(graphdef, tx, seed, blank_id, loss_cfg, grad_accum=grad_accum)
+
+        def allreduce_step(params, model_vars, opt_state, sync_state, batch, step):
+            params, opt_state, metrics = plain(params, model_vars, opt_state, batch, step)
+            return params, opt_state, sync_state, metrics
+
+        return allreduce_step
+
+    accumulated = make_accumulated_grads(make_grads_fn(graphdef, blank_id, loss_cfg), grad_accum)
+    axes, n = strategy.learner_axes, strategy.num_learners
+    mesh = jax.tree.leaves(param_shardings, is_leaf=lambda x: isinstance(x, NamedSharding))[0].mesh
+    specs = jax.tree.map(
+        lambda s: s.spec, param_shardings, is_leaf=lambda x: isinstance(x, NamedSharding)
+    )
+
+    def payload(params) -> jax.Array:
+        """Bytes per device per step of the exchange (static: from shapes at trace time)."""
+        out = sync.payload_bytes(strategy, params, param_shardings, mesh)["bytes_per_step"]
+        return jnp.float32(out)
+
+    def learners(fn, in_axes):
+        """fn vmapped over the learner axis, traced with the learners' rules."""
+
+        def run(*args):
+            with rules.learner_axes(axes):
+                return jax.vmap(fn, in_axes=in_axes, spmd_axis_name=axes)(*args)
+
+        return run
+
+    def local_step(params, model_vars, opt_state, batch, key, step):
+        grads, sums = accumulated(params, model_vars, batch, key, step)
+        tokens = jnp.maximum(sums["tokens"], 1.0)
+        grads = jax.tree.map(lambda g: g / tokens, grads)
+        params, opt_state, finite, grad_norm = guarded_update(
+            tx, grads, sums["objective"], params, opt_state
+        )
+        return params, opt_state, sums, grad_norm, optax.tree.norm(params), finite
+
+    def learner_step(params, model_vars, opt_state, sync_state, batch, step):
+        key = jax.random.fold_in(step_key(seed), step)
+        before = sync_state["learners"]
+        after, opt_state, sums, grad_norm, param_norm, finite = learners(
+            local_step, (0, None, 0, 0, 0, None)
+        )(
+            before,
+            model_vars,
+            opt_state,
+            sync.split_batch(batch, n, axes),
+            sync.learner_keys(key, n),
+            step,
+        )
+        sync_state = dict(sync_state)
+        if strategy.method == "gossip":
+            sync_state["learners"] = sync.gossip_mix(
+                before, after, mesh=mesh, specs=specs, axes=axes, overlap=strategy.overlap
+            )
+        else:
+
+            def block(args):
+                learners_, global_, momentum = args
+                g, m, start = sync.bmuf_block(
+                    learners_,
+                    global_,
+                    momentum,
+                    strategy.block_momentum,
+                    strategy.block_lr,
+                    strategy.nesterov,
+                )
+                return start, g, m
+
+            boundary = (step + 1) % strategy.block_steps == 0
+            sync_state["learners"], params, sync_state["momentum"] = jax.lax.cond(
+                boundary, block, lambda a: a, (after, params, sync_state["momentum"])
+            )
+        sums = jax.tree.map(jnp.sum, sums)
+        metrics = step_metrics(sums, jnp.mean(grad_norm), jnp.mean(param_norm), finite)
+        metrics["nonfinite"] = 1.0 - jnp.mean(finite.astype(jnp.float32))
+        metrics["sync_bytes_per_step"] = payload(params)
+        return params, opt_state, sync_state, metrics
+
+    def gtc_step(params, model_vars, opt_state, sync_state, batch, step):
+        key = jax.random.fold_in(step_key(seed), step)
+        grads, sums = learners(accumulated, (None, None, 0, 0, None))(
+            params, model_vars, sync.split_batch(batch, n, axes), sync.learner_keys(key, n), step
+        )
+        sums = jax.tree.map(lambda x: jnp.sum(x, axis=0), sums)
+        tokens = jnp.maximum(sums["tokens"], 1.0)
+        grads = jax.tree.map(lambda g: g / tokens, grads)
+        update, residual, counts = sync.gtc_exchange(
+            sync_state["residual"], grads, s=strategy, mesh=mesh, specs=specs
+        )
+        params, opt_state, finite, grad_norm = guarded_update(
+            tx, update, sums["objective"], params, opt_state
+        )
+        # A skipped step keeps its residual too: it is replayed on the next one.
+        residual = jax.tree.map(
+            lambda new, old: jnp.where(finite, new, old), residual, sync_state["residual"]
+        )
+        metrics = step_metrics(sums, grad_norm, optax.tree.norm(params), finite)
+        metrics["sync_bytes_per_step"] = payload(params)
+        metrics["sync_density"] = counts["sent"] / (
+            n * sum(x.size for x in jax.tree.leaves(params))
+        )
+        metrics["sync_overflow"] = counts["overflow"]
+        return params, opt_state, {"residual": residual}, metrics
+
+    return learner_step if strategy.per_learner_models else gtc_step
 
 
 def step_key(seed: int) -> jax.Array:

@@ -34,7 +34,7 @@ from jaxspeech.metrics import perf
 from jaxspeech.metrics.writers import MetricWriter
 from jaxspeech.monitor import log
 from jaxspeech.parallel import mesh as mesh_lib
-from jaxspeech.parallel import rules
+from jaxspeech.parallel import rules, sync
 
 
 def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
@@ -99,7 +99,7 @@ class Trainer:
             self.state = state_lib.init_train_state(
                 config, self.tokenizer.vocab_size, mesh, mean, std
             )
-        except ValueError as e:  # A bad model, loss or decoding setting.
+        except ValueError as e:  # A bad model, loss, decoding or sync setting.
             raise UserError(f"config: {e}") from e
         spec = self.state.spec
         log(
@@ -107,6 +107,7 @@ class Trainer:
             f"{config.model.dtype} compute, float32 parameters\n"
             + rules.describe_shardings(spec.params, spec.param_shardings, mesh, spec.param_axes)
         )
+        log(describe_strategy(self.state))
         self.num_steps = int(tr.num_steps)
 
         # ---------------------------------------------------------- restore
@@ -125,24 +126,28 @@ class Trainer:
         self.preemption = ckpt_lib.Preemption()
 
         # ---------------------------------------------------------- step
+        ts = self.state
         self.train_step = jax.jit(
-            step_lib.make_train_step(
+            step_lib.make_sync_train_step(
                 spec.graphdef,
-                self.state.tx,
+                ts.tx,
                 config.seed,
                 self.tokenizer.blank_id,
                 config.loss,
+                ts.strategy,
+                spec.param_shardings,
                 grad_accum=int(tr.grad_accum),
             ),
             in_shardings=(
                 spec.param_shardings,
                 spec.var_shardings,
-                self.state.opt_shardings,
+                ts.opt_shardings,
+                ts.sync_shardings,
                 step_lib.batch_shardings(mesh),
                 None,
             ),
-            out_shardings=(spec.param_shardings, self.state.opt_shardings, None),
-            donate_argnums=(0, 2),
+            out_shardings=(spec.param_shardings, ts.opt_shardings, ts.sync_shardings, None),
+            donate_argnums=(0, 2, 3),
         )
         self.compiled: dict[tuple, tuple] = {}  # batch shape -> (executable, model FLOPs)
         self.decode_fn = search.make_decode_fn(spec.graphdef, config, self.tokenizer.blank_id)
@@ -193,14 +198,16 @@ class Trainer:
             )
         except ckpt_lib.CheckpointError as e:
             raise UserError(
-                f"{e}\nuse a new --workdir, or the config that run was trained with "
-                f"({os.path.join(self.workdir, 'config.json')})"
+                f"{e}\n{self.strategy_change()}use a new --workdir, or the config that run "
+                f"was trained with ({os.path.join(self.workdir, 'config.json')})"
             ) from e
         if found is not None:
             start, restored = found
             ts.params = restored[ckpt_lib.MODEL]["params"]
             ts.model_vars = restored[ckpt_lib.MODEL]["model_vars"]
             ts.opt_state = restored[ckpt_lib.TRAIN]["opt_state"]
+            if ts.strategy.has_state:
+                ts.sync_state = restored[ckpt_lib.TRAIN]["sync"]
             saved_rng = np.asarray(jax.device_get(restored[ckpt_lib.TRAIN]["rng"]))
             if not np.array_equal(saved_rng, self.rng):
                 raise UserError(
@@ -225,6 +232,26 @@ class Trainer:
             )
             self.events.write("initialized_from", path=config.init_from, step=src_step)
         return 0
+
+    def strategy_change(self) -> str:
+        """A sentence naming a sync strategy that differs from the latest checkpoint's
+        ("" if it is the same or unknown): its state has another layout."""
+        latest = self.ckpt.latest_step()
+        try:
+            saved = self.ckpt.meta(latest).get("config", {}).get("sync", {}) if latest else {}
+        except Exception:  # noqa: BLE001 - unreadable metadata: the error above says enough
+            return ""
+        keys = ("strategy", "outer")
+        before = {k: saved.get(k, sync.default_sync_config()[k]) for k in keys}
+        now = {k: self.config.get("sync", {}).get(k, sync.default_sync_config()[k]) for k in keys}
+        if before == now:
+            return ""
+        return (
+            f"checkpoint {latest} was trained with sync.strategy={before['strategy']} "
+            f"(outer {before['outer']}), this config asks for {now['strategy']} (outer "
+            f"{now['outer']}): a strategy's state (learners, momentum, residuals) does not "
+            "carry over to another; "
+        )
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> dict:
@@ -258,8 +285,8 @@ class Trainer:
             exe, flops = self.compiled_step(batch, step)
             ts = self.state
             with self.goodput.phase("compute"):
-                ts.params, ts.opt_state, metrics = exe(
-                    ts.params, ts.model_vars, ts.opt_state, batch, jnp.int32(step)
+                ts.params, ts.opt_state, ts.sync_state, metrics = exe(
+                    ts.params, ts.model_vars, ts.opt_state, ts.sync_state, batch, jnp.int32(step)
                 )
                 # Waiting here splits data wait from compute; the loader's threads and
                 # workers keep reading ahead meanwhile.
@@ -299,7 +326,7 @@ class Trainer:
                 return self.stop_preempted(done)
             if mon.samples_every and done % mon.samples_every == 0:
                 with self.goodput.phase("eval"):
-                    self.samples(done, self.state.params, self.state.model_vars, local)
+                    self.samples(done, self.model_params(), self.state.model_vars, local)
         with self.goodput.phase("checkpoint"):
             self.ckpt.wait()
         self.note_committed()
@@ -333,7 +360,12 @@ class Trainer:
                 shapes = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in batch.items()}
                 with jax.set_mesh(self.mesh):
                     lowered = self.train_step.lower(
-                        ts.params, ts.model_vars, ts.opt_state, batch, jnp.int32(step)
+                        ts.params,
+                        ts.model_vars,
+                        ts.opt_state,
+                        ts.sync_state,
+                        batch,
+                        jnp.int32(step),
                     )
                 exe = lowered.compile()
                 flops = None
@@ -411,11 +443,18 @@ class Trainer:
         if self.faults.summary():
             print(self.faults.summary(), flush=True)
 
+    def model_params(self) -> dict:
+        """The model to evaluate, sample from and save (under gossip, the learners' mean,
+        refreshed here: the step itself never averages all learners)."""
+        self.state.params = self.state.model_params()
+        return self.state.params
+
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, step: int) -> dict:
         """WER/CER of each split of config.data.eval_split, to RUN/eval/, TensorBoard and
         the console. Returns the first split's result: its WER ranks the checkpoints."""
         config, ts = self.config, self.state
+        self.model_params()
         results = []
         for split in self.eval_splits:
             with self.goodput.phase("eval"), jax.set_mesh(self.mesh):
@@ -448,15 +487,18 @@ class Trainer:
         ts, replicated = self.state, NamedSharding(self.mesh, PartitionSpec())
         t0 = time.time()
         with self.goodput.phase("checkpoint"):
+            # Replicated global arrays: Orbax refuses host-local arrays on many hosts.
+            train = {
+                "opt_state": ts.opt_state,
+                "step": jax.device_put(np.int32(done), replicated),
+                "rng": jax.device_put(self.rng, replicated),
+            }
+            if ts.strategy.has_state:  # learners' models, block momentum, GTC residuals
+                train["sync"] = ts.sync_state
             self.ckpt.save(
                 done,
-                model={"params": ts.params, "model_vars": ts.model_vars},
-                # Replicated global arrays: Orbax refuses host-local arrays on many hosts.
-                train={
-                    "opt_state": ts.opt_state,
-                    "step": jax.device_put(np.int32(done), replicated),
-                    "rng": jax.device_put(self.rng, replicated),
-                },
+                model={"params": self.model_params(), "model_vars": ts.model_vars},
+                train=train,
                 data_iter=self.train_iter,
                 meta={
                     "config": json.loads(self.config.to_json_best_effort()),
@@ -492,6 +534,13 @@ class Trainer:
         self.ckpt.close()
         self.note_committed()
         self.events.close()
+
+
+def describe_strategy(ts: state_lib.TrainState) -> str:
+    """The start-up line of the sync strategy: learners and bytes per device per step."""
+    spec = ts.spec
+    payload = sync.payload_bytes(ts.strategy, spec.params, spec.param_shardings, spec.mesh)
+    return sync.describe(ts.strategy, payload)
 
 
 # ---------------------------------------------------------------- CLI

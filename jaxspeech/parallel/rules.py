@@ -41,9 +41,39 @@ Rules = Sequence[tuple[str, str | tuple[str, ...] | None]]
 _ACTIVE: contextvars.ContextVar[Rules] = contextvars.ContextVar("rules", default=DEFAULT_RULES)
 
 
+# Mesh axes that a surrounding `jax.vmap(..., spmd_axis_name=...)` already splits (the
+# learners of a sync strategy, `learner_axes`): removed from the table inside, and made
+# manual in every `map_batch_shards` (a partial shard_map under such a vmap must name them).
+_VMAPPED: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("vmapped", default=())
+
+
 def active_rules() -> Rules:
     """The logical -> mesh axis table in force."""
     return _ACTIVE.get()
+
+
+def without_axes(table: Rules, axes: Sequence[str]) -> Rules:
+    """`table` with the mesh axes `axes` removed from every rule."""
+    out = []
+    for name, target in table:
+        names = () if target is None else ((target,) if isinstance(target, str) else target)
+        kept = tuple(a for a in names if a not in axes)
+        out.append((name, None if not kept else (kept[0] if len(kept) == 1 else kept)))
+    return tuple(out)
+
+
+@contextlib.contextmanager
+def learner_axes(axes: Sequence[str]) -> Iterator[None]:
+    """Inside a `jax.vmap(..., spmd_axis_name=axes)` over learners: the table in force minus
+    `axes` (each learner's batch splits over the remaining batch axes only), and
+    `map_batch_shards` makes `axes` manual too."""
+    token = _ACTIVE.set(without_axes(_ACTIVE.get(), axes))
+    token_v = _VMAPPED.set(tuple(axes))
+    try:
+        yield
+    finally:
+        _VMAPPED.reset(token_v)
+        _ACTIVE.reset(token)
 
 
 @contextlib.contextmanager
@@ -177,9 +207,18 @@ def map_batch_shards(fn, *args):
     if size == 1 or any(a.shape[0] % size for a in args):
         return fn(*args)
     spec = PartitionSpec(names)
-    # Only the batch axes go manual; others (tensor) stay automatic inside.
+    # Only the batch axes go manual; others (tensor) stay automatic inside. Under a learner
+    # vmap the learner axes must be manual as well (jax requires it of a vmapped shard_map).
+    # (and jax's varying-axes check then trips over constants inside fn: it is off there,
+    # fn being row-wise by contract).
+    vmapped = _VMAPPED.get()
     return jax.shard_map(
-        fn, mesh=mesh, in_specs=(spec,) * len(args), out_specs=spec, axis_names=set(names)
+        fn,
+        mesh=mesh,
+        in_specs=(spec,) * len(args),
+        out_specs=spec,
+        axis_names=set(names) | set(vmapped),
+        check_vma=not vmapped,
     )(*args)
 
 

@@ -68,20 +68,44 @@ def _multihost(workdir, shards, *extra):
     ]
 
 
+def _metrics(workdir) -> dict[int, dict]:
+    """RUN/metrics.jsonl's training rows by step (the last row of a step wins)."""
+    rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
+    return {r["step"]: {k: v for k, v in r.items() if k.startswith("train/loss")} for r in rows}
+
+
+def _checkpoint_params(workdir, step) -> list:
+    import jax
+
+    from jaxspeech import state as state_lib
+    from jaxspeech.parallel import mesh as mesh_lib
+
+    mesh = mesh_lib.make_mesh({"data": 1}, devices=jax.devices()[:1])
+    params = state_lib.load_run(str(workdir), step=step, mesh=mesh).params
+    return [np.asarray(x) for x in jax.tree.leaves(params)]
+
+
 def _child_pid(reader, i):
     pattern = rf"^\[p{i}\] jax.distributed: process {i} of 2 \(flags\), pid (\d+)$"
     reader.wait_for(pattern, 1, timeout=120)
     return int(next(m.group(1) for ln in reader.lines if (m := re.match(pattern, ln))))
 
 
+# A non-default sync strategy with state of its own (jaxspeech.parallel.sync): BMUF across
+# the two processes (replica axis, blocks of 2 steps), gradients all-reduced inside each.
+SYNC = (
+    "--config.mesh.replica=2",
+    "--config.sync.strategy=hierarchical",
+    "--config.sync.outer=bmuf",
+    "--config.sync.block_steps=2",
+)
+
+
 def test_sigterm_on_one_host_stops_every_host_at_one_agreed_step(corpus, tmp_path):
+    """... and the run, under a sync strategy with per-learner state, resumes bitwise."""
     _, shards = corpus
-    proc, reader = start(
-        *_multihost(
-            tmp_path, shards, "--config.train.num_steps=400", "--config.train.checkpoint_every=0"
-        ),
-        env=dict(os.environ),
-    )
+    run = ("--config.train.num_steps=400", "--config.train.checkpoint_every=0", *SYNC)
+    proc, reader = start(*_multihost(tmp_path, shards, *run), env=dict(os.environ))
     try:
         pid1 = _child_pid(reader, 1)
         reader.wait_for(r"^\[p0\] \[.*\] +\d+% 3/400 \|", 1, timeout=300)
@@ -107,6 +131,18 @@ def test_sigterm_on_one_host_stops_every_host_at_one_agreed_step(corpus, tmp_pat
         "process_0-of-2.json",
         "process_1-of-2.json",
     ]
+
+    # Resumed for 2 more steps, the run equals one never interrupted, bit for bit: the
+    # learners' models and optimizer states, the block momentum and the data iterators
+    # all came back from the preemption checkpoint.
+    resumed = run_module(*_multihost(tmp_path, shards, *run, "--config.train.run_steps=2"))
+    assert f"[p0] resumed from step {step}" in resumed.stdout, resumed.stdout
+    fresh = tmp_path / "uninterrupted"
+    run_module(*_multihost(fresh, shards, *run, f"--config.train.run_steps={step + 2}"))
+    for s in (step + 1, step + 2):
+        assert _metrics(tmp_path)[s] == _metrics(fresh)[s]
+    a, b = (_checkpoint_params(d, step + 2) for d in (tmp_path, fresh))
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
 
 
 def test_a_dead_peer_makes_the_other_process_exit_within_the_heartbeat(corpus, tmp_path):
