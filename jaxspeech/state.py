@@ -197,6 +197,7 @@ class TrainState:
     strategy: sync_lib.Strategy = dataclasses.field(default_factory=sync_lib.Strategy)
     sync_state: dict = dataclasses.field(default_factory=dict)
     sync_shardings: dict = dataclasses.field(default_factory=dict)
+    _mean: Any = dataclasses.field(default=None, init=False, repr=False)  # jitted once
 
     @property
     def abstract_train(self) -> dict:
@@ -218,9 +219,12 @@ class TrainState:
         learners' mean (computed here, an all-reduce; the step never needs it)."""
         if self.strategy.method != "gossip":
             return self.params
-        mean = jax.jit(sync_lib.mean_over_learners, out_shardings=self.spec.param_shardings)
+        if self._mean is None:
+            self._mean = jax.jit(
+                sync_lib.mean_over_learners, out_shardings=self.spec.param_shardings
+            )
         with jax.set_mesh(self.spec.mesh):
-            return mean(self.sync_state["learners"])
+            return self._mean(self.sync_state["learners"])
 
 
 def init_train_state(

@@ -199,19 +199,21 @@ def map_batch_shards(fn, *args):
     if mesh.empty:
         return fn(*args)
     axes = logical_to_spec(("batch",))[0]
-    names = (axes,) if isinstance(axes, str) else tuple(axes)
-    names = tuple(n for n in names if n in mesh.shape)
+    names = () if axes is None else ((axes,) if isinstance(axes, str) else tuple(axes))
+    names = tuple(n for n in names if n in mesh.shape and mesh.shape[n] > 1)
     size = 1
     for n in names:
         size *= mesh.shape[n]
-    if size == 1 or any(a.shape[0] % size for a in args):
+    vmapped = _VMAPPED.get()
+    # Under a learner vmap the learner axes split the rows even when no batch axis is left
+    # inside a learner: still shard_map, or XLA gathers every learner's rows for fn.
+    if (size == 1 and not vmapped) or any(a.shape[0] % size for a in args):
         return fn(*args)
-    spec = PartitionSpec(names)
+    spec = PartitionSpec(names or None)
     # Only the batch axes go manual; others (tensor) stay automatic inside. Under a learner
     # vmap the learner axes must be manual as well (jax requires it of a vmapped shard_map).
     # (and jax's varying-axes check then trips over constants inside fn: it is off there,
     # fn being row-wise by contract).
-    vmapped = _VMAPPED.get()
     return jax.shard_map(
         fn,
         mesh=mesh,
