@@ -235,6 +235,27 @@ def get_config(arg: str | None = None) -> ConfigDict:
     c.optim.weight_decay = 1e-3
     c.optim.clip_norm = 5.0
 
+    # Semi-supervised training (README "Semi-supervised training"): a second stream of
+    # batches mixed with the labeled train split by a schedule. With `targets` (the output
+    # of `python -m jaxspeech.distill.targets` for `other_split`) its rows learn a teacher's
+    # per-frame top-k distribution (CTC students with the teacher's frame rate and
+    # vocabulary); without, `other_split` is a pseudo-labeled split (the targets job's
+    # --pseudo_labels) trained like labeled data, for any head.
+    c.distill = ConfigDict()
+    c.distill.other_split = ""  # "" = off
+    c.distill.other_dir = ""  # the data directory of other_split ("" = data.dir)
+    c.distill.targets = ""  # the targets job's --output ("" = pseudo-label mode)
+    # END:LABELED_EVERY phases: until END (a fraction of train.num_steps, or a step count) a
+    # labeled batch every LABELED_EVERY steps (1: labeled only; 0: the other stream only).
+    # The reference's scheduled learning ends on labeled data only, e.g. "0.8:4,1.0:1".
+    c.distill.schedule = "0.8:4,1.0:1"
+    c.distill.loss = "kl"  # kl | ce: against the teacher's reconstructed distribution
+    # The probability outside the stored top-k: spread uniformly over the other tokens, or
+    # dropped (the top-k renormalized).
+    c.distill.rest = "spread"
+    c.distill.temperature = 1.0  # of both distributions; the loss is scaled by its square
+    c.distill.weight = 1.0  # of the per-frame soft-target loss against the per-token CTC loss
+
     c.train = ConfigDict()
     c.train.num_steps = 1350  # ~1 step/s on 2 cores: `make demo` fits 25 minutes
     c.train.run_steps = 0  # >0: stop this invocation after that many steps (then resume)

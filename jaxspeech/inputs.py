@@ -17,6 +17,7 @@ from jax.sharding import Mesh
 from ml_collections import ConfigDict
 
 from jaxspeech.audio import augment
+from jaxspeech.data import mixing
 from jaxspeech.data import pipeline as pipeline_lib
 from jaxspeech.data import reader as reader_lib
 from jaxspeech.errors import UserError
@@ -111,15 +112,75 @@ def max_corrupt_fraction(config: ConfigDict) -> float:
 
 
 def train_pipeline(
-    config: ConfigDict, mesh: Mesh, tokenizer_dir: str
+    config: ConfigDict, mesh: Mesh, tokenizer_dir: str, extra: mixing.Extra | None = None
 ) -> tuple[pipeline_lib.Pipeline, augment.WaveformAugmenter | None]:
-    """This process's training loader over `config.data` and its augmenter (or None)."""
+    """This process's training loader over `config.data` and its augmenter (or None).
+
+    With `config.distill.other_split`, the labeled split and that one mixed by
+    `config.distill.schedule` (`jaxspeech.data.mixing`); `extra` adds the arrays both
+    streams carry (a teacher's targets).
+    """
     spec = train_bucket_spec(config, mesh)
     augmenter = waveform_augmenter(config)
+    labeled = _split_pipeline(
+        config, config.data.dir, config.data.train_split, spec, augmenter, tokenizer_dir
+    )
+    distill = config.get("distill")
+    if distill is None or not distill.other_split:
+        return labeled, augmenter
+    other_dir = distill.other_dir or config.data.dir
+    _check_same_tokenizer(other_dir, tokenizer_dir)
+    # A teacher's targets are frame-aligned with the audio as stored: speed perturbation
+    # would change the frame count (noise and reverberation keep it).
+    other = _split_pipeline(
+        config,
+        other_dir,
+        distill.other_split,
+        spec,
+        augmenter,
+        tokenizer_dir,
+        speed=not distill.targets,
+    )
     try:
-        pipe = pipeline_lib.make_pipeline(
-            data_dir=config.data.dir,
-            split=config.data.train_split,
+        phases = mixing.parse_schedule(distill.schedule, int(config.train.num_steps))
+    except ValueError as e:
+        raise UserError(f"config.distill.schedule: {e}") from e
+    pipe = mixing.MixedPipeline(
+        plan=mixing.MixedPlan(labeled.plan, other.plan, phases),
+        load=mixing.MixedLoad(labeled.load, other.load, extra),
+        index=labeled.index,
+        num_workers=labeled.num_workers,
+        prefetch=labeled.prefetch,
+        parts=(labeled, other),
+        schedule=distill.schedule,
+    )
+    return pipe, augmenter
+
+
+def _check_same_tokenizer(data_dir: str, tokenizer_dir: str) -> None:
+    """The other stream's corpus must share the run's tokenizer (its labels and the
+    teacher's token indices are read with it)."""
+    from jaxspeech.data.tokenizer import Tokenizer
+
+    path = os.path.join(data_dir, "tokenizer")
+    if not os.path.isdir(path):
+        raise UserError(
+            f"config.distill.other_dir={data_dir!r} has no tokenizer/: not a prepared corpus"
+        )
+    if Tokenizer.load(path).vocab_size != Tokenizer.load(tokenizer_dir).vocab_size:
+        raise UserError(
+            f"the tokenizer in {path} differs from this run's ({tokenizer_dir}): the other "
+            "stream must be prepared with the same tokenizer"
+        )
+
+
+def _split_pipeline(config, data_dir, split, spec, augmenter, tokenizer_dir, *, speed=True):
+    """One split's training pipeline (shuffled, epoch-repeated) for this process;
+    speed=False: no speed perturbation (the other waveform augmentations stay)."""
+    try:
+        return pipeline_lib.make_pipeline(
+            data_dir=data_dir,
+            split=split,
             tokenizer_dir=tokenizer_dir,
             spec=spec,
             seed=config.seed,
@@ -129,11 +190,10 @@ def train_pipeline(
             loader_shards=int(config.data.loader_shards),
             num_workers=config.data.num_workers,
             prefetch=config.data.prefetch,
-            speeds=augmenter.cfg.speeds if augmenter else (1.0,),
+            speeds=augmenter.cfg.speeds if augmenter and speed else (1.0,),
             augment=augmenter,
             with_text=bool(config.monitor.log_batch_ids),
             retry=retry_policy(config),
         )
     except (FileNotFoundError, reader_lib.ShardError) as e:
         raise UserError(str(e)) from e
-    return pipe, augmenter

@@ -204,6 +204,13 @@ def window_summary(
     scalars |= {f"perf/seconds_{k}": v for k, v in times.items() if k != "wall"}
     # Sync strategy (jaxspeech.parallel.sync): bytes per device per step (mean), GTC's
     # density (mean) and overflow (elements that waited for a slot, summed).
+    # Scheduled learning and soft targets (config.distill): the share of labeled batches,
+    # rows trained on a teacher's targets and rows whose frame counts did not match it.
+    if "labeled_batch" in m:
+        scalars["train/labeled_batch_share"] = m["labeled_batch"]
+    for key in ("soft_utterances", "skipped_frame_mismatch", "skipped_no_target"):
+        if key in m:
+            scalars[f"train/{key}"] = float(np.sum([p[key] for p in fetched]))
     for key, name in SYNC_SCALARS.items():
         if key in m:
             steps_sum = float(np.sum([p[key] for p in fetched]))

@@ -8,6 +8,7 @@ benchmarks and the tests alike.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import jax
@@ -19,6 +20,7 @@ from ml_collections import ConfigDict
 
 from jaxspeech import optim
 from jaxspeech import state as state_lib
+from jaxspeech.losses import distill as distill_losses
 from jaxspeech.models.frontend import FeatureStats
 from jaxspeech.parallel import mesh as mesh_lib
 from jaxspeech.parallel import rules, sync
@@ -35,9 +37,91 @@ BATCH_RANKS = {
 }
 
 
-def batch_shardings(mesh: Mesh) -> dict[str, NamedSharding]:
+# With soft targets (config.distill.targets): a teacher's per-frame top-k for the rows of the
+# untranscribed stream (zeros elsewhere): token indices and log-probabilities (B, T', k),
+# the teacher's frame counts, and which rows learn from them.
+SOFT_TARGET_RANKS = {
+    "teacher_idx": 3,
+    "teacher_logp": 3,
+    "teacher_len": 1,
+    "soft": 1,
+    "no_target": 1,  # untranscribed rows the teacher could not label: counted, not trained
+}
+
+
+def batch_shardings(mesh: Mesh, *, soft_targets: bool = False) -> dict[str, NamedSharding]:
     """Every batch array split by rows over the mesh's batch axes."""
-    return {k: mesh_lib.batch_sharding(mesh, nd) for k, nd in BATCH_RANKS.items()}
+    ranks = BATCH_RANKS | (SOFT_TARGET_RANKS if soft_targets else {})
+    return {k: mesh_lib.batch_sharding(mesh, nd) for k, nd in ranks.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class SoftTargets:
+    """The soft-target loss of `config.distill` (jaxspeech.losses.distill.distill_loss):
+    weight x (KL or cross-entropy to the teacher's top-k distribution) summed over frames."""
+
+    weight: float = 1.0
+    kind: str = "kl"
+    rest: str = "spread"
+    temperature: float = 1.0
+
+    @classmethod
+    def from_config(cls, distill_cfg) -> SoftTargets | None:
+        """None unless `config.distill` names a targets directory."""
+        if distill_cfg is None or not distill_cfg.get("targets"):
+            return None
+        out = cls(
+            float(distill_cfg.weight),
+            distill_cfg.loss,
+            distill_cfg.rest,
+            float(distill_cfg.temperature),
+        )
+        if out.kind not in distill_losses.LOSS_KINDS or out.rest not in distill_losses.REST_MODES:
+            raise ValueError(
+                f"distill.loss must be one of {distill_losses.LOSS_KINDS} and distill.rest one of "
+                f"{distill_losses.REST_MODES}, got {out.kind!r} and {out.rest!r}"
+            )
+        if out.temperature <= 0 or out.weight < 0:
+            raise ValueError("distill.temperature must be > 0 and distill.weight >= 0")
+        return out
+
+
+def normalizer(sums: dict) -> jax.Array:
+    """What a step's summed objective is divided by: label tokens, plus the teacher frames
+    of soft-target rows (a batch comes from one stream: per-token CTC or per-frame KL)."""
+    n = sums["tokens"]
+    if "soft_frames" in sums:
+        n = n + sums["soft_frames"]
+    return jnp.maximum(n, 1.0)
+
+
+def soft_target_losses(
+    model: nnx.Module, enc, enc_len, batch: dict, soft: SoftTargets
+) -> tuple[jax.Array, dict]:
+    """(B,) weighted soft-target losses and their sums: the student's CTC distribution
+    against the teacher's top-k on the rows marked `soft` whose frame counts match the
+    teacher's (others are counted in `skipped_frame_mismatch`)."""
+    loss_b, ok_b = distill_losses.distill_loss(
+        model.ctc_logits(enc),
+        enc_len,
+        batch["teacher_idx"],
+        batch["teacher_logp"],
+        batch["teacher_len"],
+        rest=soft.rest,
+        temperature=soft.temperature,
+        kind=soft.kind,
+    )
+    rows = batch["soft"]
+    w = rows * ok_b
+    loss_b = jnp.where(w > 0, loss_b, 0.0)
+    sums = {
+        "soft_frames": jnp.sum(w * batch["teacher_len"]),
+        "soft_utterances": jnp.sum(w),
+        "skipped_frame_mismatch": jnp.sum(rows * (1.0 - ok_b)),
+        "skipped_no_target": jnp.sum(batch["no_target"]).astype(jnp.float32),
+        "loss_soft": jnp.sum(w * loss_b),
+    }
+    return soft.weight * w * loss_b, sums
 
 
 def rnnt_loss_scales(loss_cfg: ConfigDict, step: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -55,6 +139,7 @@ def model_losses(
     step: jax.Array,
     loss_cfg: ConfigDict,
     blank_id: int,
+    soft: SoftTargets | None = None,
 ) -> tuple[jax.Array, dict]:
     """Summed training objective of a (micro-)batch and the sums that normalize it.
 
@@ -102,7 +187,12 @@ def model_losses(
     }
     for name, part in parts.items():
         sums[f"loss_{name}"] = jnp.sum(w * part)
-    return jnp.sum(w * total_b), sums
+    objective = jnp.sum(w * total_b)
+    if soft is not None:  # rows of untranscribed audio learn the teacher's distribution
+        soft_b, soft_sums = soft_target_losses(model, enc, enc_len, batch, soft)
+        objective = objective + jnp.sum(soft_b)
+        sums |= soft_sums
+    return objective, sums
 
 
 def split_micro_batches(batch: dict, num: int) -> dict:
@@ -122,12 +212,14 @@ def split_micro_batches(batch: dict, num: int) -> dict:
     return jax.tree.map(split, batch)
 
 
-def make_grads_fn(graphdef, blank_id: int, loss_cfg: ConfigDict) -> Callable:
+def make_grads_fn(
+    graphdef, blank_id: int, loss_cfg: ConfigDict, soft: SoftTargets | None = None
+) -> Callable:
     """(params, model_vars, batch, key, step) -> (summed gradients, sums incl. "objective")."""
 
     def objective(params, model_vars, batch, key, step):
         model = nnx.merge(graphdef, params, model_vars)
-        return model_losses(model, batch, key, step, loss_cfg, blank_id)
+        return model_losses(model, batch, key, step, loss_cfg, blank_id, soft)
 
     def grads_and_sums(params, model_vars, batch, key, step):
         (total, sums), grads = jax.value_and_grad(objective, has_aux=True)(
@@ -184,7 +276,7 @@ def guarded_update(tx: optax.GradientTransformation, grads, objective, params, o
 def step_metrics(sums: dict, grad_norm, param_norm, finite) -> dict:
     """The step's metrics from its (summed) loss sums: per-token and per-utterance losses,
     norms, the non-finite flag (or share of learners that skipped) and the counts."""
-    tokens = jnp.maximum(sums["tokens"], 1.0)
+    tokens = normalizer(sums)
     metrics = {
         "loss": sums["objective"] / tokens,
         "utt_loss": sums["objective"] / jnp.maximum(sums["utterances"], 1.0),
@@ -205,6 +297,7 @@ def make_train_step(
     loss_cfg: ConfigDict,
     *,
     grad_accum: int = 1,
+    soft: SoftTargets | None = None,
 ) -> Callable:
     """(params, model_vars, opt_state, batch, step) -> (params, opt_state, metrics).
 
@@ -219,13 +312,15 @@ def make_train_step(
     steps. The step's randomness is `seed` folded with the step: (seed, step) is the
     whole RNG state a checkpoint needs.
     """
-    accumulated = make_accumulated_grads(make_grads_fn(graphdef, blank_id, loss_cfg), grad_accum)
+    accumulated = make_accumulated_grads(
+        make_grads_fn(graphdef, blank_id, loss_cfg, soft), grad_accum
+    )
 
     def train_step(params, model_vars, opt_state, batch, step):
         key = jax.random.fold_in(step_key(seed), step)
         grads, sums = accumulated(params, model_vars, batch, key, step)
         # Per-token objective: buckets of different batch sizes get the same gradient scale.
-        tokens = jnp.maximum(sums["tokens"], 1.0)
+        tokens = normalizer(sums)
         grads = jax.tree.map(lambda g: g / tokens, grads)
         params, opt_state, finite, grad_norm = guarded_update(
             tx, grads, sums["objective"], params, opt_state
@@ -245,6 +340,7 @@ def make_sync_train_step(
     param_shardings: dict,
     *,
     grad_accum: int = 1,
+    soft: SoftTargets | None = None,
 ) -> Callable:
     """(params, model_vars, opt_state, sync_state, batch, step) -> (params, opt_state,
     sync_state, metrics): the training step under `strategy` (jaxspeech.parallel.sync).
@@ -266,7 +362,9 @@ def make_sync_train_step(
     (sent / all elements) and "sync_overflow" (elements that found no slot).
     """
     if strategy.method == "allreduce":
-        plain = make_train_step(graphdef, tx, seed, blank_id, loss_cfg, grad_accum=grad_accum)
+        plain = make_train_step(
+            graphdef, tx, seed, blank_id, loss_cfg, grad_accum=grad_accum, soft=soft
+        )
 
         def allreduce_step(params, model_vars, opt_state, sync_state, batch, step):
             params, opt_state, metrics = plain(params, model_vars, opt_state, batch, step)
@@ -274,7 +372,9 @@ def make_sync_train_step(
 
         return allreduce_step
 
-    accumulated = make_accumulated_grads(make_grads_fn(graphdef, blank_id, loss_cfg), grad_accum)
+    accumulated = make_accumulated_grads(
+        make_grads_fn(graphdef, blank_id, loss_cfg, soft), grad_accum
+    )
     axes, n = strategy.learner_axes, strategy.num_learners
     mesh = jax.tree.leaves(param_shardings, is_leaf=lambda x: isinstance(x, NamedSharding))[0].mesh
     specs = jax.tree.map(
@@ -297,7 +397,7 @@ def make_sync_train_step(
 
     def local_step(params, model_vars, opt_state, batch, key, step):
         grads, sums = accumulated(params, model_vars, batch, key, step)
-        tokens = jnp.maximum(sums["tokens"], 1.0)
+        tokens = normalizer(sums)
         grads = jax.tree.map(lambda g: g / tokens, grads)
         params, opt_state, finite, grad_norm = guarded_update(
             tx, grads, sums["objective"], params, opt_state
@@ -352,7 +452,7 @@ def make_sync_train_step(
             params, model_vars, sync.split_batch(batch, n, axes), sync.learner_keys(key, n), step
         )
         sums = jax.tree.map(lambda x: jnp.sum(x, axis=0), sums)
-        tokens = jnp.maximum(sums["tokens"], 1.0)
+        tokens = normalizer(sums)
         grads = jax.tree.map(lambda g: g / tokens, grads)
         update, residual, counts = sync.gtc_exchange(
             sync_state["residual"], grads, s=strategy, mesh=mesh, specs=specs

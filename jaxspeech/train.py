@@ -80,7 +80,16 @@ class Trainer:
         self.tokenizer = Tokenizer.load(self.tokenizer_dir)
 
         # ---------------------------------------------------------- data
-        self.train_pipe, augmenter = inputs.train_pipeline(config, mesh, self.tokenizer_dir)
+        try:  # soft targets from a teacher (config.distill.targets), checked before any work
+            self.soft = step_lib.SoftTargets.from_config(config.get("distill"))
+        except ValueError as e:
+            raise UserError(f"config: {e}") from e
+        extra = None
+        if self.soft is not None:
+            from jaxspeech.distill import student
+
+            extra = student.targets_filler(config, self.tokenizer)
+        self.train_pipe, augmenter = inputs.train_pipeline(config, mesh, self.tokenizer_dir, extra)
         log(f"train data: {self.train_pipe.describe()}")
         if augmenter is not None:
             log(f"waveform augmentation (host): {augmenter.cfg}")
@@ -137,13 +146,14 @@ class Trainer:
                 ts.strategy,
                 spec.param_shardings,
                 grad_accum=int(tr.grad_accum),
+                soft=self.soft,
             ),
             in_shardings=(
                 spec.param_shardings,
                 spec.var_shardings,
                 ts.opt_shardings,
                 ts.sync_shardings,
-                step_lib.batch_shardings(mesh),
+                step_lib.batch_shardings(mesh, soft_targets=self.soft is not None),
                 None,
             ),
             out_shardings=(spec.param_shardings, ts.opt_shardings, ts.sync_shardings, None),
@@ -300,9 +310,10 @@ class Trainer:
                 self.ckpt.wait()  # a save in flight completes: the run resumes after a fix
                 raise
             self.check_nonfinite(bool(nonfinite), done, metrics, batch, local)
-            self.pending.append(
-                metrics | {"audio_seconds": audio_s, "read_retries": host["read_retries"]}
-            )
+            host_values = {"audio_seconds": audio_s, "read_retries": host["read_retries"]}
+            if "stream" in host:  # scheduled learning: which stream this step read
+                host_values["labeled_batch"] = float(host["stream"] == 0)
+            self.pending.append(metrics | host_values)
             self.window_flops += flops or 0.0
             if done % tr.log_every == 0 or done in (num_steps, stop):
                 self.log_window(done, step)

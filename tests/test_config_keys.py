@@ -27,10 +27,12 @@ from jaxspeech import models, state
 from jaxspeech.audio import augment
 from jaxspeech.audio.features import LogMelConfig
 from jaxspeech.data import tokenizer
+from jaxspeech.losses import distill as distill_losses
 from jaxspeech.models import asr
 from jaxspeech.models.conformer import REMAT_POLICIES, ConformerEncoder
 from jaxspeech.models.lstm import LSTMEncoder
 from jaxspeech.models.transducer import PREDICTORS, Transducer
+from jaxspeech.parallel import sync
 from jaxspeech.search import DECODERS
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -68,6 +70,11 @@ STR_CHOICES = {
     "model.transducer.predictor": PREDICTORS,
     "loss.rnnt": asr.RNNT_LOSSES,
     "decoding.method": ("auto", *DECODERS),
+    "sync.strategy": sync.STRATEGIES,
+    "sync.outer": sync.OUTER_METHODS,
+    "sync.gtc_values": sync.GTC_VALUES,
+    "distill.loss": distill_losses.LOSS_KINDS,
+    "distill.rest": distill_losses.REST_MODES,
 }
 
 
@@ -156,16 +163,17 @@ def readme_refs() -> dict[str, list]:
 def test_readme_walk_finds_every_reference():
     """Counted by hand in README.md: 11 settings with a value (6 as `--config.` flags: num_steps,
     num_layers, fsdp, run_steps, init_from, log_batch_ids; 5 in prose: loader_shards,
-    dtype, grad_accum, remat, eval_split), 28 without one (batch_seconds, waveform_aug,
+    dtype, grad_accum, remat, eval_split), 29 without one (batch_seconds, waveform_aug,
     specaug, seed, mesh.{...}, mesh.rules, mesh.rules.embed (set empty), count_flops,
     peak_tflops, encoder, conformer.*, lstm.*, head, ctc_weight, rnnt, method, the five
-    scoring keys, lm_path, lm_weight, word_bonus, streaming), the syntax `--config.KEY=VALUE`
+    scoring keys, lm_path, lm_weight, word_bonus, streaming, sync.strategy), the syntax
+    `--config.KEY=VALUE`
     and RUN/config.json twice. Pinned, so a regex that stops matching cannot leave the
     tests below with nothing to check; after editing the README's options, recount and
     update."""
     refs = readme_refs()
     counts = {kind: len(found) for kind, found in refs.items()}
-    assert counts == {"override": 11, "reference": 28, "syntax": 1, "file": 2}, refs
+    assert counts == {"override": 11, "reference": 29, "syntax": 1, "file": 2}, refs
     assert "model.conformer.remat" in dict(refs["override"])  # the issue's example
 
 

@@ -32,7 +32,7 @@ from jaxspeech.data import records
 from jaxspeech.data.tokenizer import Tokenizer, normalize_text
 
 PAD_INDEX = -1
-HOST_KEYS = ("faults", "read_retries", "text", "id")
+HOST_KEYS = ("faults", "read_retries", "text", "id", "stream")
 
 
 def pop_host_values(batch: dict) -> dict:
