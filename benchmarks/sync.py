@@ -169,19 +169,11 @@ def compiled_bytes(name: str) -> dict:
     bins = config.features.num_mel_bins
     with rules.axis_rules(state_lib.rules_from_config(config)):
         ts = state_lib.init_train_state(config, vocab, mesh, np.zeros(bins), np.ones(bins))
-        step = jax.jit(
+        step = step_lib.jit_sync_train_step(
+            ts,
             step_lib.make_sync_train_step(
                 ts.spec.graphdef, ts.tx, 0, 0, config.loss, ts.strategy, ts.spec.param_shardings
             ),
-            in_shardings=(
-                ts.spec.param_shardings,
-                ts.spec.var_shardings,
-                ts.opt_shardings,
-                ts.sync_shardings,
-                None,
-                None,
-            ),
-            out_shardings=(ts.spec.param_shardings, ts.opt_shardings, ts.sync_shardings, None),
         )
         batch = scaling.abstract_batch(mesh, 16, 4.0, config)
         with jax.set_mesh(mesh):

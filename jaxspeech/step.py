@@ -475,6 +475,27 @@ def make_sync_train_step(
     return learner_step if strategy.per_learner_models else gtc_step
 
 
+def jit_sync_train_step(
+    ts: state_lib.TrainState, step_fn: Callable, batch_shardings=None, *, donate: bool = False
+) -> Callable:
+    """`jax.jit` of a `make_sync_train_step` function with `ts`'s shardings in and out
+    (donating parameters, optimizer and sync state when `donate`)."""
+    spec = ts.spec
+    return jax.jit(
+        step_fn,
+        in_shardings=(
+            spec.param_shardings,
+            spec.var_shardings,
+            ts.opt_shardings,
+            ts.sync_shardings,
+            batch_shardings,
+            None,
+        ),
+        out_shardings=(spec.param_shardings, ts.opt_shardings, ts.sync_shardings, None),
+        donate_argnums=(0, 2, 3) if donate else (),
+    )
+
+
 def step_key(seed: int) -> jax.Array:
     """The base key of the training step's randomness (dropout, SpecAugment)."""
     return jax.random.key(seed + 1)

@@ -136,7 +136,8 @@ class Trainer:
 
         # ---------------------------------------------------------- step
         ts = self.state
-        self.train_step = jax.jit(
+        self.train_step = step_lib.jit_sync_train_step(
+            ts,
             step_lib.make_sync_train_step(
                 spec.graphdef,
                 ts.tx,
@@ -148,16 +149,8 @@ class Trainer:
                 grad_accum=int(tr.grad_accum),
                 soft=self.soft,
             ),
-            in_shardings=(
-                spec.param_shardings,
-                spec.var_shardings,
-                ts.opt_shardings,
-                ts.sync_shardings,
-                step_lib.batch_shardings(mesh, soft_targets=self.soft is not None),
-                None,
-            ),
-            out_shardings=(spec.param_shardings, ts.opt_shardings, ts.sync_shardings, None),
-            donate_argnums=(0, 2, 3),
+            step_lib.batch_shardings(mesh, soft_targets=self.soft is not None),
+            donate=True,
         )
         self.compiled: dict[tuple, tuple] = {}  # batch shape -> (executable, model FLOPs)
         self.decode_fn = search.make_decode_fn(spec.graphdef, config, self.tokenizer.blank_id)

@@ -111,6 +111,12 @@ def other_value(config: ConfigDict, key: str) -> tuple[object, tuple[str, ...]]:
             return "runs/other", ()
         if key == "data.eval_split":  # a comma-separated list of splits
             return f"{default},other", ()
+        if key in ("data.train_split", "distill.other_split"):
+            return "other", ()
+        if key == "distill.targets":
+            return "runs/other/targets", ()
+        if key == "distill.schedule":
+            return "0.5:2,1.0:1", ()
     raise AssertionError(f"no valid test value for {key} = {default!r}: add one here")
 
 
@@ -161,19 +167,21 @@ def readme_refs() -> dict[str, list]:
 
 
 def test_readme_walk_finds_every_reference():
-    """Counted by hand in README.md: 11 settings with a value (6 as `--config.` flags: num_steps,
-    num_layers, fsdp, run_steps, init_from, log_batch_ids; 5 in prose: loader_shards,
-    dtype, grad_accum, remat, eval_split), 29 without one (batch_seconds, waveform_aug,
-    specaug, seed, mesh.{...}, mesh.rules, mesh.rules.embed (set empty), count_flops,
-    peak_tflops, encoder, conformer.*, lstm.*, head, ctc_weight, rnnt, method, the five
-    scoring keys, lm_path, lm_weight, word_bonus, streaming, sync.strategy), the syntax
+    """Counted by hand in README.md: 16 settings with a value (10 as `--config.` flags: num_steps,
+    num_layers, fsdp, run_steps, init_from, log_batch_ids, and the student's train_split,
+    distill.other_split, distill.targets, distill.schedule; 6 in prose: loader_shards,
+    dtype, grad_accum, remat, eval_split, distill.other_dir), 32 without one
+    (batch_seconds, waveform_aug, specaug, seed, mesh.{...}, mesh.rules, mesh.rules.embed
+    (set empty), count_flops, peak_tflops, encoder, conformer.*, lstm.*, head, ctc_weight,
+    rnnt, method, the five scoring keys, lm_path, lm_weight, word_bonus, streaming,
+    sync.strategy, distill, distill.other_split, distill.schedule), the syntax
     `--config.KEY=VALUE`
     and RUN/config.json twice. Pinned, so a regex that stops matching cannot leave the
     tests below with nothing to check; after editing the README's options, recount and
     update."""
     refs = readme_refs()
     counts = {kind: len(found) for kind, found in refs.items()}
-    assert counts == {"override": 11, "reference": 29, "syntax": 1, "file": 2}, refs
+    assert counts == {"override": 16, "reference": 32, "syntax": 1, "file": 2}, refs
     assert "model.conformer.remat" in dict(refs["override"])  # the issue's example
 
 

@@ -14,7 +14,7 @@ from configs import demo
 from jaxspeech import state as state_lib
 from jaxspeech.parallel import mesh as mesh_lib
 from jaxspeech.parallel import rules, sync
-from jaxspeech.step import make_sync_train_step, make_train_step
+from jaxspeech.step import jit_sync_train_step, make_sync_train_step, make_train_step
 from tests.parallel import sync_reference as ref
 
 VOCAB = 8
@@ -242,19 +242,11 @@ def _run(shape, steps=2, batch=None, **sync_kw):
     )
     with rules.axis_rules(state_lib.rules_from_config(config)):
         ts = state_lib.init_train_state(config, VOCAB, mesh, mean, std, tx=optax.sgd(LR))
-        step = jax.jit(
+        step = jit_sync_train_step(
+            ts,
             make_sync_train_step(
                 ts.spec.graphdef, ts.tx, 0, 0, config.loss, ts.strategy, ts.spec.param_shardings
             ),
-            in_shardings=(
-                ts.spec.param_shardings,
-                ts.spec.var_shardings,
-                ts.opt_shardings,
-                ts.sync_shardings,
-                None,
-                None,
-            ),
-            out_shardings=(ts.spec.param_shardings, ts.opt_shardings, ts.sync_shardings, None),
         )
         host = batch if batch is not None else _batch()
         metrics = []
