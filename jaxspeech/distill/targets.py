@@ -50,7 +50,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 import time
 from collections.abc import Callable
 
@@ -68,14 +67,13 @@ from jaxspeech import state as state_lib
 from jaxspeech.data import pipeline as pipeline_lib
 from jaxspeech.data import reader as reader_lib
 from jaxspeech.data import records
-from jaxspeech.data.tokenizer import Tokenizer, normalize_text
+from jaxspeech.data.tokenizer import Tokenizer
 from jaxspeech.decoding import ctc as ctc_decoding
+from jaxspeech.distill import pseudo
 from jaxspeech.distill import records as trecords
 from jaxspeech.errors import UserError
 from jaxspeech.parallel import mesh as mesh_lib
 
-PSEUDO_REPORT = "pseudo_labels.json"
-DROP_REASONS = ("missing", "empty_transcript", "low_confidence")  # of a pseudo-label
 _POLL_S = 1.0  # how often a finished process looks for the other processes' markers
 _WAIT_REPORT_S = 60.0  # how often it says what it is waiting for
 
@@ -385,58 +383,6 @@ def shard_targets(job: Job, shard: int) -> list[tuple[bytes, dict]]:
     return [result[j] for j in range(count)]
 
 
-def drop_reason(head: dict, min_confidence: float) -> str | None:
-    """Why an utterance gets no pseudo-label, or None when it is kept."""
-    if head["missing"] is not None:
-        return "missing"
-    if not normalize_text(head["transcript"]):  # what prepare skips as an empty transcript
-        return "empty_transcript"
-    if head["confidence"] < min_confidence:
-        return "low_confidence"
-    return None
-
-
-def write_pseudo_shard(job: Job, shard: int, heads: list[dict]) -> dict:
-    """PDIR/NAME's shard `shard`: the source records kept, with the teacher's transcript.
-    Returns its marker entry {path, num_records, seconds, kept, dropped, bytes, settings}."""
-    path, count = job.index.shard_paths[shard], job.index.shard_num_records[shard]
-    kept, dropped = [], dict.fromkeys(DROP_REASONS, 0)
-    for j, head in enumerate(heads):
-        reason = drop_reason(head, job.req.min_confidence)
-        if reason is None:
-            kept.append(j)
-        else:
-            dropped[reason] += 1
-    data, faults, _ = reader_lib.RecordReader([path], [count]).read(kept)
-    if faults:  # they were read a moment ago: the storage is failing now
-        raise RuntimeError(f"{path}[{faults[0].index}] became unreadable: {faults[0].error}")
-    items = []
-    for j, raw in zip(kept, data):
-        rec, fmt = records.decode_record(raw), records.decode_header(raw)["audio_format"]
-        items.append(
-            records.encode_record(
-                id=rec["id"],
-                audio=rec["audio"],
-                sample_rate=rec["sample_rate"],
-                text=heads[j]["transcript"],
-                speaker=rec["speaker"],
-                audio_format=fmt,
-            )
-        )
-    name = trecords.split_shard_name(job.req.split, shard, job.num_shards)
-    size = trecords.write_file(os.path.join(job.req.pseudo_split_dir, name), items)
-    seconds = float(job.index.durations[job.shard_slice(shard)][kept].astype(np.float64).sum())
-    return {
-        "path": name,
-        "num_records": len(kept),
-        "seconds": seconds,
-        "kept": kept,
-        "dropped": dropped,
-        "bytes": size,
-        "settings": job.pseudo_settings,
-    }
-
-
 def label_shard(job: Job, shard: int) -> dict:
     """Targets (and pseudo-labels) of input shard `shard`, then its completion marker."""
     t0 = time.time()
@@ -468,7 +414,7 @@ def label_shard(job: Job, shard: int) -> dict:
         "batch_shapes": [list(shape[:2]) for shape in job.spec.shapes()],
     }
     if job.req.pseudo_dir:
-        marker["pseudo"] = write_pseudo_shard(job, shard, heads)
+        marker["pseudo"] = pseudo.write_pseudo_shard(job, shard, heads)
     marker["seconds"] = round(time.time() - t0, 3)
     trecords.write_json(path + trecords.DONE_SUFFIX, marker)
     return marker
@@ -637,60 +583,6 @@ def summarize(job: Job, markers: dict[int, dict], planned: list[int], wall_s: fl
     }
 
 
-def _copy_tokenizer(src: str, data_dir: str) -> None:
-    """DATA/tokenizer := `src` (kept when it is the same tokenizer already)."""
-    dst = os.path.join(data_dir, state_lib.TOKENIZER)
-    if os.path.isdir(dst) and Tokenizer.load(dst) == Tokenizer.load(src):
-        return
-    tmp = dst + trecords.TEMP_SUFFIX
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(src, tmp)
-    shutil.rmtree(dst, ignore_errors=True)
-    os.replace(tmp, dst)
-
-
-def write_pseudo_split(job: Job, markers: dict[int, dict]) -> dict:
-    """PDIR/NAME's index, durations, statistics and report, and PDIR/tokenizer, from the
-    complete shards' markers; the index last. Returns the report."""
-    req, n = job.req, job.num_shards
-    pseudo = [markers[s]["pseudo"] for s in range(n)]
-    durations = [job.index.durations[job.shard_slice(s)][p["kept"]] for s, p in enumerate(pseudo)]
-    source_dir = os.path.join(req.data, req.split)
-    report = {
-        "source": os.path.abspath(source_dir),
-        "teacher": os.path.abspath(req.teacher),
-        "step": job.run.step,
-        "min_confidence": req.min_confidence,
-        "num_input": job.index.num_records,
-        "num_kept": sum(p["num_records"] for p in pseudo),
-        "hours_kept": _hours(sum(p["seconds"] for p in pseudo)),
-        "dropped": {k: sum(p["dropped"][k] for p in pseudo) for k in DROP_REASONS},
-        "stats": "copied from the source split (the same audio; these records are a subset)",
-    }
-    shutil.copy(
-        os.path.join(source_dir, "stats.json"), os.path.join(req.pseudo_split_dir, "stats.json")
-    )
-    _copy_tokenizer(job.run.tokenizer_dir, req.pseudo_dir)
-    trecords.write_json(os.path.join(req.pseudo_split_dir, PSEUDO_REPORT), report)
-    with open(os.path.join(source_dir, records.INDEX_FILE), encoding="utf-8") as f:
-        audio_format = json.load(f).get("audio_format", "pcm_s16le")
-    records.write_split_index(
-        req.pseudo_split_dir,
-        [{k: p[k] for k in ("path", "num_records", "seconds")} for p in pseudo],
-        np.concatenate([np.zeros(0, np.float32), *durations]),
-        extra={
-            "split": req.split,
-            "sample_rate": job.index.sample_rate,
-            "audio_format": audio_format,
-            "num_shards": n,
-            "pseudo_labels": {
-                k: report[k] for k in ("source", "teacher", "step", "min_confidence")
-            },
-        },
-    )
-    return report
-
-
 def describe(summary: dict, out_dir: str) -> str:
     """The console lines of a finished job."""
     s, inv = summary, summary["throughput"]["invocation"]
@@ -735,7 +627,7 @@ def finish(job: Job, planned: list[int], wall_s: float) -> dict | None:
         return None
     summary = summarize(job, markers, planned, wall_s)
     if job.req.pseudo_dir:
-        summary["pseudo_labels"] = write_pseudo_split(job, markers)
+        summary["pseudo_labels"] = pseudo.write_pseudo_split(job, markers)
     trecords.write_json(os.path.join(job.req.out_dir, trecords.SUMMARY_FILE), summary)
     print(describe(summary, job.req.out_dir), flush=True)
     return summary
