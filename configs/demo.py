@@ -12,8 +12,8 @@ Variants (`--config configs/demo.py:NAME`):
             14.1%; before that (other per-step random draws, 21.4 min): 14.1% / 50.7%,
             dev 14.0%;
             before the speaker-grouped shards and per-process loader: 14.7 / 14.7%.
-  long      1,800 steps of the same recipe, 31.1 min of training: test CER 13.1% / WER
-            47.5%, dev CER 12.8% / WER 46.5% (measured with the previous loader).
+  long      1,800 steps of the same recipe (not rerun with today's code; its earlier
+            figure is in benchmarks/README.md, "Demo runs").
   ctc_rnnt  the same encoder with a transducer (stateless predictor, pruned RNN-T loss)
             plus the CTC loss at weight 0.3, decoded by RNN-T greedy search: 1,350
             steps, 22.2 min of training. Test CER 12.7% / WER 41.8%, dev CER 12.2% /
@@ -196,6 +196,11 @@ def get_config(arg: str | None = None) -> ConfigDict:
     # 0.1 -> 1: the pruning bounds are meaningless until the simple joiner has learned.
     c.loss.rnnt_warmup_steps = 300
     c.loss.ctc_weight = 0.3  # CTC auxiliary weight when model.head = "ctc+rnnt"
+    # ctc+rnnt: the transducer's gradient reaches the shared encoder 0 -> 1 over
+    # rnnt_warmup_steps, so CTC teaches the encoder its first alignments. Without it the
+    # transducer flattened the encoder output before any alignment formed and the recipe
+    # left its blank plateau only with lucky random draws (jaxspeech.step).
+    c.loss.rnnt_encoder_warmup = True
     c.loss.frames_per_chunk = 16  # full loss: frames whose joiner logits exist at once
 
     c.decoding = ConfigDict()
@@ -317,8 +322,14 @@ def get_config(arg: str | None = None) -> ConfigDict:
     c.sync.strategy = "allreduce"
     c.sync.outer = "gossip"  # hierarchical: gossip | bmuf across the replica axis
     c.sync.block_steps = 8  # bmuf: local steps per block (communication / block_steps)
-    c.sync.block_momentum = -1.0  # bmuf eta; -1 = 1 - 1/learners (zeta / N(1 - eta) = 1)
-    c.sync.block_lr = 1.0  # bmuf zeta
+    c.sync.block_momentum = -1.0  # bmuf eta; -1 = 1 - 1/learners (the reference's)
+    # bmuf zeta; -1 = from block_gain: zeta (1 + eta) / (1 - eta) = gain with Nesterov
+    c.sync.block_lr = -1.0
+    # bmuf: the global model's move per block / the learners' mean move, in steady state.
+    # 1: the learners split the global batch, so their mean already moves as far as the
+    # all-reduce model (sync.bmuf_block_lr); the reference's rule (zeta 1, eta 1 - 1/N) is
+    # N x 1.75 and kept the demo on its blank plateau.
+    c.sync.block_gain = 1.0
     c.sync.nesterov = True  # bmuf: learners restart from W_g + eta * momentum
     c.sync.gtc_tau = 0.0  # gtc: fixed threshold; used when gtc_density = 0
     # gtc: adaptive threshold sending this share of each shard's elements per step

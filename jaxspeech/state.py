@@ -181,9 +181,9 @@ class TrainState:
     """Everything one training step reads and writes, sharded over the mesh.
 
     `params` is the model that is evaluated and checkpointed as the run's model. Under a
-    sync strategy with per-learner models (`strategy.per_learner_models`), `opt_state`
-    holds the learners' optimizer states (leading learner axis) and `sync_state` their
-    parameters and the strategy's own state (BMUF's momentum, GTC's residuals);
+    sync strategy other than all-reduce, `opt_state` holds the learners' optimizer states
+    (leading learner axis) and `sync_state` the strategy's own state (the learners'
+    parameters under bmuf and gossip, BMUF's momentum, GTC's residuals);
     `model_params()` then gives the model to evaluate. All-reduce: `sync_state` = {}.
     """
 
@@ -250,23 +250,13 @@ def init_train_state(
     schedule: optax.Schedule = lambda step: 0.0  # noqa: E731
     if tx is None:
         tx, schedule = optim.make_optimizer(config.optim, int(config.train.num_steps))
-    if strategy.per_learner_models:
+    if strategy.method != "allreduce":
         opt_state, opt_shardings, sync_state, sync_shardings = init_learners(
             strategy, tx, params, spec
         )
     else:
         opt_state, opt_shardings = init_opt_state(tx, params, mesh, spec.param_shardings)
         sync_state, sync_shardings = {}, {}
-        if strategy.method == "gtc":
-            sync_shardings = {
-                "residual": sync_lib.learner_shardings(spec.param_shardings, strategy.learner_axes)
-            }
-            zeros = lambda p: jax.tree.map(  # noqa: E731
-                lambda x: jnp.zeros((strategy.num_learners,) + x.shape, x.dtype), p
-            )
-            sync_state = {
-                "residual": jax.jit(zeros, out_shardings=sync_shardings["residual"])(params)
-            }
     return TrainState(
         spec,
         params,
@@ -284,15 +274,19 @@ def init_train_state(
 def init_learners(
     strategy: sync_lib.Strategy, tx: optax.GradientTransformation, params: dict, spec: ModelSpec
 ) -> tuple[Any, Any, dict, dict]:
-    """Every learner starting from `params` with a fresh optimizer state, stacked on a
-    leading learner axis sharded over the learner axes. Returns (optimizer states, their
-    shardings, sync state {"learners"[, "momentum" (bmuf)]}, its shardings)."""
+    """Every learner with a fresh optimizer state, stacked on a leading learner axis
+    sharded over the learner axes, and the strategy's own state: each learner's copy of
+    `params` ("learners", bmuf and gossip), BMUF's block momentum, or GTC's residuals
+    (zeros). Returns (optimizer states, their shardings, sync state, its shardings)."""
     axes, n = strategy.learner_axes, strategy.num_learners
     learner_p = sync_lib.learner_shardings(spec.param_shardings, axes)
     one_opt = opt_shardings(tx, params, spec.mesh, spec.param_shardings)
     learner_o = sync_lib.learner_shardings(one_opt, axes)
     learners = jax.jit(lambda p: sync_lib.stack(p, n), out_shardings=learner_p)(params)
     opt_state = jax.jit(jax.vmap(tx.init), out_shardings=learner_o)(learners)
+    if strategy.method == "gtc":  # one shared model; the residuals start empty
+        zeros = jax.jit(lambda p: jax.tree.map(jnp.zeros_like, p), out_shardings=learner_p)
+        return opt_state, learner_o, {"residual": zeros(learners)}, {"residual": learner_p}
     state, shardings = {"learners": learners}, {"learners": learner_p}
     if strategy.method == "bmuf":
         zeros = jax.jit(

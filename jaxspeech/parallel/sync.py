@@ -12,10 +12,14 @@ the global batch. The strategies differ in what crosses between learners:
   mean W, the block gradient G = W - W_g, block momentum D = eta D + zeta G and the new
   global model W_g + D (+ eta D: Nesterov), from which every learner restarts.
 - `gtc` (gradient threshold compression, Strom 2015): one shared model; each learner adds
-  its gradient to a residual, sends the elements whose magnitude reaches tau as +-tau
-  (an int32 word: index and sign) or as (index, value), keeps the rest, and every learner
-  applies the same sum of everyone's messages. Messages have a fixed capacity (an
-  all-gather needs static shapes); elements past it stay in the residual and are counted.
+  its optimizer's update (its own AdamW state, fed its own rows' gradient) to a residual,
+  sends the elements whose magnitude reaches tau as +-tau (an int32 word: index and sign)
+  or as (index, value), keeps the rest, and every learner applies the same mean of
+  everyone's messages. The reference compresses SGD's gradients (the same thing up to the
+  learning rate); an adaptive optimizer must come before the compression, since AdamW fed
+  rare +-tau spikes moves a weight a few steps per message instead of one per step.
+  Messages have a fixed capacity (an all-gather needs static shapes); elements past it
+  stay in the residual and are counted.
 - `gossip` (decentralized averaging, Lian et al. 2017): learners on a ring mix their
   parameters with their two neighbours' (`ppermute`) after their local update; with
   `overlap` the neighbours' parameters are those from before this step's update, so the
@@ -92,7 +96,8 @@ def default_sync_config() -> dict:
         "outer": "gossip",
         "block_steps": 8,
         "block_momentum": -1.0,
-        "block_lr": 1.0,
+        "block_lr": -1.0,
+        "block_gain": 1.0,
         "nesterov": True,
         "gtc_tau": 0.0,
         "gtc_density": 0.002,
@@ -145,21 +150,28 @@ def strategy_from_config(
     }
     if method == "bmuf":
         k, eta, zeta = int(cfg["block_steps"]), float(cfg["block_momentum"]), cfg["block_lr"]
+        gain, nesterov = float(cfg["block_gain"]), bool(cfg["nesterov"])
         if k < 1:
             raise SyncConfigError(f"sync.block_steps must be >= 1, got {k}")
         if eta < 0:
-            eta = 1.0 - 1.0 / n  # zeta / (N (1 - eta)) = 1 with zeta = 1 (the paper's rule)
-        if not 0.0 <= eta < 1.0 or float(zeta) <= 0:
+            eta = 1.0 - 1.0 / n  # the reference's block momentum for n learners
+        if not 0.0 <= eta < 1.0 or gain <= 0:
             raise SyncConfigError(
                 f"sync.block_momentum must be in [0, 1) (or -1 for 1 - 1/learners) and "
-                f"sync.block_lr > 0, got {cfg['block_momentum']} and {zeta}"
+                f"sync.block_gain > 0, got {cfg['block_momentum']} and {gain}"
+            )
+        if float(zeta) < 0:
+            zeta = bmuf_block_lr(eta, gain, nesterov)
+        if float(zeta) <= 0:
+            raise SyncConfigError(
+                f"sync.block_lr must be > 0 (or -1: from block_gain), got {cfg['block_lr']}"
             )
         return Strategy(
             **common,
             block_steps=k,
             block_momentum=eta,
             block_lr=float(zeta),
-            nesterov=bool(cfg["nesterov"]),
+            nesterov=nesterov,
         )
     if method == "gossip":
         if n < 2:
@@ -257,6 +269,29 @@ def mean_over_learners(stacked):
 
 
 # ------------------------------------------------------------------ BMUF
+def bmuf_gain(eta: float, zeta: float, nesterov: bool) -> float:
+    """How far the global model moves per block, in steady state, relative to the learners'
+    mean move G: D = zeta G / (1 - eta), and `bmuf_block` moves by (1 + eta) D with
+    Nesterov's look-ahead (fairseq's and the reference's form), by D without."""
+    return zeta * (1.0 + eta if nesterov else 1.0) / (1.0 - eta)
+
+
+def bmuf_block_lr(eta: float, gain: float, nesterov: bool) -> float:
+    """The block learning rate zeta that gives `bmuf_gain` = gain.
+
+    jaxspeech's learners split the global batch (data.batch_seconds is the global batch),
+    so each learner steps as far per step as the all-reduce model would (AdamW's step
+    hardly depends on the batch; SGD's has the same expectation), and the learners' mean
+    move over a block already is the all-reduce model's over those steps, less the noise
+    that averaging cancels: gain 1. The reference's rule zeta / (N (1 - eta)) = 1, with
+    eta = 1 - 1/N and zeta = 1, is gain N (N x 1.75 with Nesterov): there every learner
+    reads a whole single-GPU batch, N batches per step. Applied to split batches it moved
+    the model 7x (N = 4) as far as all-reduce per block, and BMUF never left the blank
+    plateau (benchmarks/README.md).
+    """
+    return gain * (1.0 - eta) / (1.0 + eta if nesterov else 1.0)
+
+
 def bmuf_block(learners, global_params, momentum, eta: float, zeta: float, nesterov: bool):
     """The block update. learners: (n, ...) leaves; global_params, momentum: (...).
 
@@ -395,8 +430,9 @@ def _gtc_shard(residual, grad, s: Strategy, axes: tuple[str, ...]):
 
 def gtc_exchange(residual, grads, *, s: Strategy, mesh: Mesh, specs):
     """GTC over learner-stacked trees: residual, grads (n, ...) sharded
-    `learner_spec(spec, learner_axes)` (grads: each learner's share of the global
-    gradient). Returns (the summed update (...) sharded `spec` and equal on every learner,
+    `learner_spec(spec, learner_axes)` (grads: what each learner contributes, its
+    optimizer's update in the training step). Returns (the sum of every learner's messages
+    (...) sharded `spec` and equal on every learner,
     new residual (n, ...), {"sent", "overflow"}: element counts over all learners).
 
     Each device compresses its own block of its learner's residual (per-shard messages
@@ -499,7 +535,8 @@ def describe(s: Strategy, payload: dict) -> str:
         return f"sync: allreduce, {mib(payload['bytes_per_step'])} sent per device per step"
     what = {
         "bmuf": f"block {s.block_steps}, eta {s.block_momentum:.4g}, zeta {s.block_lr:.4g}"
-        + (", Nesterov" if s.nesterov else ""),
+        + (", Nesterov" if s.nesterov else "")
+        + f" (gain {bmuf_gain(s.block_momentum, s.block_lr, s.nesterov):.3g})",
         "gossip": "ring" + (", overlapped (neighbours one step old)" if s.overlap else ""),
         "gtc": (f"density {s.density:g}" if s.density > 0 else f"tau {s.tau:g}")
         + f", capacity {s.capacity:g}, {s.values} values",

@@ -183,6 +183,8 @@ def test_payload_arithmetic():
         (dict(strategy="hierarchical", outer="gtc"), (2, 2, 2, 1), "sync.outer"),
         (dict(strategy="ring"), (1, 4, 2, 1), "sync.strategy must be one of"),
         (dict(strategy="bmuf", block_momentum=1.0), (1, 4, 2, 1), "block_momentum"),
+        (dict(strategy="bmuf", block_gain=0.0), (1, 4, 2, 1), "block_gain"),
+        (dict(strategy="bmuf", block_lr=0.0), (1, 4, 2, 1), "block_lr must be > 0"),
         (dict(strategy="bmuf", blocks=3), (1, 4, 2, 1), "unknown sync keys"),
     ],
 )
@@ -204,6 +206,25 @@ def test_bmuf_default_momentum_follows_the_rule():
     assert s.num_learners == 4 and s.block_momentum == ref.bmuf_default_momentum(4)
     h = _strategy("hierarchical", (2, 2, 2, 1), outer="bmuf")
     assert h.learner_axes == ("replica",) and h.num_learners == 2 and h.block_momentum == 0.5
+    # zeta from the default gain of 1: (1 - eta) / (1 + eta) with Nesterov
+    assert s.block_lr == pytest.approx(0.25 / 1.75)
+    assert _strategy("bmuf", (2, 2, 2, 1), block_lr=1.0).block_lr == 1.0  # given: kept
+
+
+@pytest.mark.parametrize("nesterov", [True, False])
+@pytest.mark.parametrize("eta,gain", [(0.75, 1.0), (0.5, 4.0), (0.0, 1.0)])
+def test_bmuf_gain_is_the_steady_state_move_per_block(eta, gain, nesterov):
+    """Learners that always move the same G from where they start: after many blocks the
+    global model (the numpy reference's update) moves gain x G per block."""
+    zeta = sync.bmuf_block_lr(eta, gain, nesterov)
+    assert sync.bmuf_gain(eta, zeta, nesterov) == pytest.approx(gain)
+    g = {"w": np.array([1.0, -2.0])}
+    global_, momentum = {"w": np.zeros(2)}, {"w": np.zeros(2)}
+    for _ in range(200):
+        learners = {"w": (global_["w"] + g["w"])[None].repeat(3, 0)}
+        before = global_["w"]
+        global_, momentum, _ = ref.bmuf_tree(learners, global_, momentum, eta, zeta, nesterov)
+    np.testing.assert_allclose(global_["w"] - before, gain * g["w"], rtol=1e-6)
 
 
 # ------------------------------------------------------------------ whole steps

@@ -1,0 +1,149 @@
+"""A task every recipe must learn in a few dozen steps, for the learning guards
+(tests/test_learning.py): a handful of "utterances" whose labels are tones.
+
+Label k (1..K) is a 0.12 s sine at its own frequency, labels are separated by 40 ms of
+silence, and a little noise covers everything. A model that learns alignments transcribes
+the training utterances within ~40 steps; one whose encoder stopped carrying the audio
+(the blank plateau) stays at the labels' prior. The utterances are few and fixed, so a
+transducer's predictor can memorize their label sequences without listening: the pressure
+that flattened the demo's encoder when the transducer taught it before CTC had found any
+alignment (jaxspeech.step.transducer_encoder_scale).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from configs import demo
+from jaxspeech import state as state_lib
+from jaxspeech import step as step_lib
+from jaxspeech.audio import features
+from jaxspeech.decoding import ctc as ctc_decoding
+from jaxspeech.decoding import rnnt as rnnt_decoding
+from jaxspeech.metrics import wer as wer_lib
+from jaxspeech.parallel import rules
+
+SAMPLE_RATE = 16000
+TONES = 7  # labels 1..7; 0 is the blank
+VOCAB = TONES + 1
+TONE_S, GAP_S = 0.12, 0.04
+
+
+def tone_batch(num: int = 8, seed: int = 0) -> dict[str, np.ndarray]:
+    """`num` utterances of 3-6 tone labels as a training batch (the loader's arrays)."""
+    rng = np.random.default_rng(seed)
+    tone = int(TONE_S * SAMPLE_RATE)
+    gap = int(GAP_S * SAMPLE_RATE)
+    lengths = rng.integers(3, 7, size=num)
+    labels = np.zeros((num, 6), np.int32)
+    waves = []
+    t = np.arange(tone) / SAMPLE_RATE
+    envelope = np.minimum(1.0, np.minimum(t, t[::-1]) / 0.01)  # 10 ms fades: no clicks
+    for i, n in enumerate(lengths):
+        seq = rng.integers(1, TONES + 1, size=n)
+        labels[i, :n] = seq
+        parts = [np.zeros(gap)]
+        for k in seq:
+            parts += [0.5 * envelope * np.sin(2 * np.pi * (250.0 + 300.0 * k) * t), np.zeros(gap)]
+        waves.append(np.concatenate(parts))
+    samples = max(len(w) for w in waves)
+    audio = np.zeros((num, samples), np.float32)
+    for i, w in enumerate(waves):
+        audio[i, : len(w)] = w + 0.01 * rng.standard_normal(len(w))
+    return {
+        "audio": audio,
+        "audio_len": np.array([len(w) for w in waves], np.int32),
+        "labels": labels,
+        "label_len": lengths.astype(np.int32),
+        "weight": np.ones(num, np.float32),
+        "label_overflow": np.zeros(num, np.int32),
+        "corrupt": np.zeros(num, np.int32),
+    }
+
+
+def guard_config(head: str = "ctc", encoder: str = "conformer", steps: int = 40):
+    """configs/demo.py:tiny with `head` and `encoder`, trained `steps` steps on the tone
+    batch: no augmentation (a fixed batch), a short warm-up and a peak LR of 3e-3."""
+    c = demo.get_config("tiny")
+    c.model.head, c.model.encoder = head, encoder
+    c.specaug.enabled = False
+    c.optim.peak_lr, c.optim.warmup_steps = 3e-3, 5
+    c.train.num_steps = steps
+    # The transducer's warm-up over the first third of the run (the demo's: 300 of 1,350).
+    c.loss.rnnt_warmup_steps = steps // 3
+    c.mesh.data = 1
+    return c
+
+
+@dataclasses.dataclass
+class Learned:
+    """What a guard run measured: each loss part's mean over the first and last 5 steps,
+    the greedy transcripts of the training utterances and their label error rate."""
+
+    first: dict
+    last: dict
+    hyps: list
+    refs: list
+    error_rate: float
+
+
+def train(config, batch: dict, mesh=None) -> Learned:
+    """Trains `config` on `batch` (every step the same rows) with the train step of
+    `config.sync` on `mesh` (default: one device), then decodes the rows greedily."""
+    mesh = mesh or state_lib.mesh_from_config(config, devices=jax.devices()[:1])
+    # Feature statistics of the batch itself, as data_prep computes them for a corpus.
+    cfg = state_lib.feature_config(config)
+    feats = np.asarray(features.log_mel(jnp.asarray(batch["audio"]), cfg))
+    frames = features.num_frames(batch["audio_len"], cfg.hop_length)
+    valid = np.concatenate([f[:n] for f, n in zip(feats, frames)])
+    # Built outside the mesh context (Flax would read logical axis names as mesh axes),
+    # traced inside it, as the trainer does.
+    with rules.axis_rules(state_lib.rules_from_config(config)):
+        ts = state_lib.init_train_state(config, VOCAB, mesh, valid.mean(0), valid.std(0) + 1e-3)
+        fn = step_lib.make_sync_train_step(
+            ts.spec.graphdef,
+            ts.tx,
+            config.seed,
+            0,
+            config.loss,
+            ts.strategy,
+            ts.spec.param_shardings,
+        )
+        shard = step_lib.batch_shardings(mesh)
+        step = step_lib.jit_sync_train_step(ts, fn, shard)
+        arrays = {k: jax.device_put(v, shard[k]) for k, v in batch.items()}
+        params, opt, sync_state, history = ts.params, ts.opt_state, ts.sync_state, []
+        with jax.set_mesh(mesh):
+            for i in range(int(config.train.num_steps)):
+                params, opt, sync_state, m = step(
+                    params, ts.model_vars, opt, sync_state, arrays, jnp.int32(i)
+                )
+                history.append({k: float(v) for k, v in m.items() if k.startswith("loss_")})
+            ts.params, ts.sync_state = params, sync_state
+            hyps = decode(config, ts, batch)
+    refs = [list(r[:n]) for r, n in zip(batch["labels"], batch["label_len"])]
+    errors = sum(wer_lib.edit_distance(r, h) for r, h in zip(refs, hyps))
+    mean = lambda rows: {k: float(np.mean([r[k] for r in rows])) for k in rows[0]}  # noqa: E731
+    return Learned(mean(history[:5]), mean(history[-5:]), hyps, refs, errors / sum(map(len, refs)))
+
+
+def decode(config, ts: state_lib.TrainState, batch: dict) -> list[list[int]]:
+    """Greedy transcripts of the batch's rows by the run's model (the learners' mean under
+    gossip): RNN-T greedy search when the model has a transducer, else CTC."""
+    from flax import nnx
+
+    params = ts.model_params()
+    model = nnx.merge(ts.spec.graphdef, params, ts.model_vars)
+    enc, lengths = model(jnp.asarray(batch["audio"]), jnp.asarray(batch["audio_len"]))
+    if model.transducer is None:
+        ids = ctc_decoding.greedy_ids(model.ctc_logits(enc))
+        return [y for y, _ in ctc_decoding.collapse_with_frames(ids, lengths, 0)]
+    pred_init, pred_step, joint = model.transducer.decoder_fns()
+    tokens, num = rnnt_decoding.rnnt_greedy(
+        model.transducer.joiner.enc_proj(enc), lengths, pred_init, pred_step, joint, blank_id=0
+    )[:2]
+    return rnnt_decoding.to_lists(tokens, num)
