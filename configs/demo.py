@@ -16,8 +16,12 @@ Variants (`--config configs/demo.py:NAME`):
             figure is in benchmarks/README.md, "Demo runs").
   ctc_rnnt  the same encoder with a transducer (stateless predictor, pruned RNN-T loss)
             plus the CTC loss at weight 0.3, decoded by RNN-T greedy search: 1,350
-            steps, 22.2 min of training. Test CER 12.7% / WER 41.8%, dev CER 12.2% /
-            WER 39.9%; its CTC head alone (`--method ctc_greedy`): test CER 17.8%.
+            steps (2026-11-26, 40507ab; 43.2 min while the test suite shared the cores).
+            Test CER 10.3% / WER 36.5%, dev CER 10.4% / WER 36.7%; its CTC head alone
+            (`--method ctc_greedy`): test CER 16.2% / WER 56.3%. The transducer's
+            gradient reaches the encoder only gradually over rnnt_warmup_steps
+            (loss.rnnt_encoder_warmup); without that the recipe left its blank plateau
+            with some random draws and not with others.
   rnnt      the transducer alone: 1,350 steps, 21.7 min of training. Test CER 17.4% /
             WER 53.0%, dev CER 16.5% / WER 49.7%: without the CTC loss the encoder
             learns its alignments later (a worse CER than the CTC default at equal time).
@@ -196,10 +200,11 @@ def get_config(arg: str | None = None) -> ConfigDict:
     # 0.1 -> 1: the pruning bounds are meaningless until the simple joiner has learned.
     c.loss.rnnt_warmup_steps = 300
     c.loss.ctc_weight = 0.3  # CTC auxiliary weight when model.head = "ctc+rnnt"
-    # ctc+rnnt: the transducer's gradient reaches the shared encoder 0 -> 1 over
-    # rnnt_warmup_steps, so CTC teaches the encoder its first alignments. Without it the
-    # transducer flattened the encoder output before any alignment formed and the recipe
-    # left its blank plateau only with lucky random draws (jaxspeech.step).
+    # The transducer's gradient reaches the encoder 0 -> 1 over rnnt_warmup_steps, and an
+    # acoustic-only loss teaches the encoder its first alignments: CTC (ctc+rnnt), else the
+    # simple joiner's acoustic half alone (rnnt). Without it the transducer flattened the
+    # encoder output before any alignment formed and the recipes left their blank plateau
+    # only with lucky random draws (jaxspeech.step).
     c.loss.rnnt_encoder_warmup = True
     c.loss.frames_per_chunk = 16  # full loss: frames whose joiner logits exist at once
 

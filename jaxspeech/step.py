@@ -138,23 +138,31 @@ def scale_gradient(x: jax.Array, scale: jax.Array) -> jax.Array:
     return frozen + scale * (x - frozen)
 
 
-def transducer_encoder_scale(loss_cfg: ConfigDict, step: jax.Array, has_ctc: bool) -> jax.Array:
-    """How much of the transducer losses' gradient reaches a shared encoder at `step`.
+def transducer_encoder_scale(loss_cfg: ConfigDict, step: jax.Array) -> jax.Array:
+    """How much of the transducer losses' gradient reaches the encoder at `step`: 0 -> 1
+    over rnnt_warmup_steps (loss.rnnt_encoder_warmup; 1 when it is off).
 
-    With a CTC head beside the transducer (model.head = ctc+rnnt) it ramps 0 -> 1 over
-    rnnt_warmup_steps (loss.rnnt_encoder_warmup): the encoder first learns alignments from
-    CTC alone, as a CTC model does. Before any alignment exists, the transducer's
-    predictor lowers its loss without the audio, and every variation of the encoder output
-    over time is then only noise to the joiner: its gradient flattens the encoder output
-    (measured on the demo: time variation 0.20 of the output's mean norm at step 200,
-    against 0.43 in a run that learned), and CTC, which needs those variations, stays on
-    its blank plateau. Whether learning outruns that collapse depended on the random draws
-    of the step (README "Transducer warm-up"). Without a CTC head the transducer is the
-    encoder's only teacher: 1 (AdamW's steps do not depend on the gradient's scale).
+    Before any alignment exists, the transducer's predictor lowers its loss without the
+    audio, and every variation of the encoder output over time is then only noise to the
+    joiner: its gradient flattens the encoder output (measured on the demo: time
+    variation 0.20 of the output's mean norm at step 200, against 0.43 in a run that
+    learned), and the encoder never learns alignments. Whether learning outran that
+    collapse depended on the step's random draws (README, "Models, losses and decoders").
+    So an acoustic-only loss teaches the encoder first: CTC when the model has a CTC head,
+    else the simple joiner's acoustic half (`am_only_weight`).
     """
-    if not has_ctc or not loss_cfg.get("rnnt_encoder_warmup", True):
+    if not loss_cfg.get("rnnt_encoder_warmup", True):
         return jnp.float32(1.0)
     return jnp.clip(step / max(loss_cfg.rnnt_warmup_steps, 1), 0.0, 1.0).astype(jnp.float32)
+
+
+def am_only_weight(loss_cfg: ConfigDict, step: jax.Array, has_ctc: bool) -> jax.Array | None:
+    """Weight of the acoustic-only transducer loss (`ASRModel.forward_am_only`) at `step`:
+    1 - the encoder scale during the warm-up of a transducer without a CTC head, so the
+    objective after the warm-up is the ordinary one; None when it does not apply."""
+    if has_ctc or not loss_cfg.get("rnnt_encoder_warmup", True):
+        return None
+    return 1.0 - transducer_encoder_scale(loss_cfg, step)
 
 
 def model_losses(
@@ -184,7 +192,7 @@ def model_losses(
         valid = valid & ctc_ok
     if model.transducer is not None:
         rnnt_parts, rnnt_ok = model.forward_transducer(
-            scale_gradient(enc, transducer_encoder_scale(loss_cfg, step, model.ctc is not None)),
+            scale_gradient(enc, transducer_encoder_scale(loss_cfg, step)),
             enc_len,
             labels,
             label_len,
@@ -198,6 +206,13 @@ def model_losses(
             simple_w, pruned_w = rnnt_loss_scales(loss_cfg, step)
             parts["rnnt"] = simple_w * parts["rnnt_simple"] + pruned_w * parts["rnnt_pruned"]
         valid = valid & rnnt_ok
+        am_w = am_only_weight(loss_cfg, step, model.ctc is not None)
+        if am_w is not None:  # the encoder's first teacher when there is no CTC head
+            parts["rnnt_am"], am_ok = model.forward_am_only(
+                enc, enc_len, labels, label_len, blank_id=blank_id
+            )
+            parts["rnnt"] = parts["rnnt"] + am_w * parts["rnnt_am"]
+            valid = valid & am_ok
     if "ctc" in parts and "rnnt" in parts:
         total_b = parts["rnnt"] + loss_cfg.ctc_weight * parts["ctc"]
     else:

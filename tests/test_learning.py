@@ -26,6 +26,8 @@ MAX_ERRORS = 0.35
 
 def _assert_learned(result: learning.Learned) -> None:
     for part, first in result.first.items():
+        if part == "loss_rnnt_am":  # the warm-up's teacher: weight 0 once it is over
+            continue
         assert result.last[part] < LOSS_DROP * first, (part, first, result.last[part])
     assert any(result.hyps), "greedy decoding emitted no label at all"
     assert result.error_rate <= MAX_ERRORS, (result.error_rate, result.hyps, result.refs)
@@ -97,19 +99,46 @@ def test_the_transducer_reaches_the_encoder_only_after_its_warm_up():
     assert _max_diff(off, ctc_off) > 1e-4
 
 
-def test_the_warm_up_leaves_the_forward_pass_and_other_heads_alone():
-    """The scaled gradient is the identity in the forward pass (bitwise), and models
-    without a CTC head (rnnt alone) get the whole transducer gradient from step 0."""
+def test_the_warm_up_leaves_the_forward_pass_alone_and_hands_over_to_the_transducer():
+    """The scaled gradient is the identity in the forward pass (bitwise); the transducer's
+    share of the encoder gradient ramps 0 -> 1 and, without a CTC head, the acoustic-only
+    loss's weight ramps 1 -> 0 (none with a CTC head, or with the warm-up off)."""
     x = jnp.asarray(np.random.default_rng(0).standard_normal((3, 5)), jnp.float32)
     assert np.array_equal(step_lib.scale_gradient(x, jnp.float32(0.3)), x)
     g = jax.grad(lambda y: jnp.sum(step_lib.scale_gradient(y, jnp.float32(0.3)) ** 2))(x)
     np.testing.assert_allclose(g, 0.3 * 2 * x, rtol=1e-6)
     cfg = _config("rnnt").loss
-    assert float(step_lib.transducer_encoder_scale(cfg, jnp.int32(0), has_ctc=False)) == 1.0
-    assert float(step_lib.transducer_encoder_scale(cfg, jnp.int32(0), has_ctc=True)) == 0.0
-    half = cfg.rnnt_warmup_steps // 2
-    got = float(step_lib.transducer_encoder_scale(cfg, jnp.int32(half), has_ctc=True))
-    assert got == pytest.approx(half / cfg.rnnt_warmup_steps)
+    warm = cfg.rnnt_warmup_steps
+    for step, scale in ((0, 0.0), (warm // 2, (warm // 2) / warm), (warm, 1.0), (5 * warm, 1.0)):
+        got = float(step_lib.transducer_encoder_scale(cfg, jnp.int32(step)))
+        assert got == pytest.approx(scale)
+        am = step_lib.am_only_weight(cfg, jnp.int32(step), has_ctc=False)
+        assert float(am) == pytest.approx(1.0 - scale)
+        assert step_lib.am_only_weight(cfg, jnp.int32(step), has_ctc=True) is None
+    cfg.rnnt_encoder_warmup = False
+    assert float(step_lib.transducer_encoder_scale(cfg, jnp.int32(0))) == 1.0
+    assert step_lib.am_only_weight(cfg, jnp.int32(0), has_ctc=False) is None
+
+
+def test_the_acoustic_only_loss_is_a_transducer_loss_without_label_context():
+    """forward_am_only equals the full RNN-T loss of a joiner that ignores the predictor
+    (logits = simple_am(enc)), brute-forced over every alignment of a tiny lattice."""
+    from tests.losses.test_rnnt import _brute_force
+
+    config = _config("rnnt")
+    model = state_lib.make_model(config, learning.VOCAB, 0)
+    rng = np.random.default_rng(0)
+    enc = jnp.asarray(rng.standard_normal((2, 4, 48)), jnp.float32)
+    labels = jnp.asarray([[1, 3, 0], [2, 2, 5]], jnp.int32)
+    enc_len, label_len = jnp.asarray([4, 3]), jnp.asarray([2, 3])
+    loss, ok = model.forward_am_only(enc, enc_len, labels, label_len, blank_id=0)
+    am = np.asarray(model.transducer.simple_am(enc), np.float64)
+    for b in range(2):
+        t, u = int(enc_len[b]), int(label_len[b])
+        lattice = np.repeat(am[b, :t, None, :], u + 1, axis=1)  # (T, U+1, V): no context
+        want, _ = _brute_force(lattice, [int(y) for y in labels[b, :u]])
+        np.testing.assert_allclose(float(loss[b]), want, rtol=1e-5)
+    assert bool(jnp.all(ok))
 
 
 # ------------------------------------------------------------------ sync strategies

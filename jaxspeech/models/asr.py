@@ -120,6 +120,29 @@ class ASRModel(nnx.Module):
             self.ctc_logits(enc_btd), enc_len_b, labels_bu, label_len_b, blank_id=blank_id
         )
 
+    def forward_am_only(
+        self,
+        enc_btd: jax.Array,
+        enc_len_b: jax.Array,
+        labels_bu: jax.Array,
+        label_len_b: jax.Array,
+        *,
+        blank_id: int,
+    ) -> tuple[jax.Array, jax.Array]:
+        """Encodings -> (B,) transducer loss of the simple joiner's acoustic half alone
+        (k2's "am-only" lattice: logits = simple_am(enc), no label context) and (B,)
+        finiteness. The predictor cannot lower it: only encodings that carry the labels
+        can, which makes it the encoder's first teacher when there is no CTC head."""
+        if self.transducer is None:
+            raise ValueError(f"model head {self.head!r} has no transducer")
+        am = self.transducer.simple_am(enc_btd).astype(jnp.float32)  # (B, T, V)
+        no_context = jnp.zeros((am.shape[0], labels_bu.shape[1] + 1, am.shape[2]), am.dtype)
+        blank, label = rnnt.rnnt_simple_logprobs(am, no_context, labels_bu, blank_id=blank_id)
+        frames = jnp.maximum(enc_len_b, 1)
+        loss_b = rnnt.rnnt_loss_from_logprobs(blank, label, frames, label_len_b)
+        ok_b = (enc_len_b >= 1) & jnp.isfinite(loss_b) & (loss_b < -0.5 * rnnt.LOG_ZERO)
+        return jnp.where(ok_b, loss_b, 0.0), ok_b
+
     def forward_transducer(
         self,
         enc_btd: jax.Array,

@@ -122,6 +122,14 @@ def test_heads_have_their_parameters_and_losses(head):
             batch["label_len"],
         )
         total += np.asarray(rnnt_b)
+    if head == "rnnt":
+        # At step 0 a transducer without a CTC head also learns from its acoustic-only
+        # loss at weight 1 (step.am_only_weight; checked against brute force in
+        # tests/test_learning.py).
+        am_b, _ = model.forward_am_only(
+            enc, enc_len, batch["labels"], batch["label_len"], blank_id=0
+        )
+        total += np.asarray(am_b)
     w = np.asarray(batch["weight"])
     # The objective is summed over utterances; the step divides it by the batch's tokens.
     np.testing.assert_allclose(float(loss), np.sum(w * total), rtol=1e-5)
