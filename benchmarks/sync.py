@@ -312,15 +312,17 @@ def print_projection(proj: dict) -> None:
             print(f"| {name} | " + " | ".join(f"{c['efficiency']:.2f}" for c in cells) + " |")
 
 
-def load_rows(out: str) -> dict:
-    """The strategies' rows of an earlier result file (empty if there is none)."""
+def load_rows(out: str, steps: int) -> dict:
+    """The strategies' rows of an earlier result file (empty if there is none); a training
+    figure of another step budget is dropped (not comparable), its bytes are kept."""
     if not os.path.exists(out):
         return {}
     with open(out) as f:
-        return {
-            n: {k: v for k, v in r.items() if k != "mesh"}
-            for n, r in json.load(f)["strategies"].items()
-        }
+        rows = json.load(f)["strategies"]
+    for row in rows.values():
+        if row.get("train", {}).get("steps") != steps:
+            row.pop("train", None)
+    return {n: {k: v for k, v in r.items() if k != "mesh"} for n, r in rows.items()}
 
 
 def run(
@@ -335,7 +337,7 @@ def run(
     import jax
 
     t0 = time.perf_counter()
-    rows = load_rows(out)  # what earlier invocations measured: merged, not overwritten
+    rows = load_rows(out, steps)  # what earlier invocations measured: merged, not overwritten
     for name in names:
         rows[name] = {"bytes": compiled_bytes(name)} | (
             {"train": rows[name]["train"]} if "train" in rows.get(name, {}) else {}
