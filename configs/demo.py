@@ -23,7 +23,7 @@ Variants (`--config configs/demo.py:NAME`):
             (loss.rnnt_encoder_warmup); without that the recipe left its blank plateau
             with some random draws and not with others.
   rnnt      the transducer alone: 1,350 steps (2026-11-26, 8bddb28; 27.9 min, the test
-            suite sharing the cores for 10 of them). Test CER 11.5% / WER 38.3%, dev CER
+            suite sharing the cores for 14 of them). Test CER 11.5% / WER 38.3%, dev CER
             11.1% / WER 38.8%. Without a CTC head the simple joiner's acoustic half alone
             (k2's am-only lattice) teaches the encoder during rnnt_warmup_steps.
   streaming the same recipe as a streaming model: causal convolutions and chunked
