@@ -12,16 +12,21 @@ device, checks each against XLA's grouped convolution, prints a table and writes
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
-import time
+import sys
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxspeech.models.layers import depthwise_conv1d
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:  # `benchmarks.lib` from this checkout when run as a script
+    sys.path.insert(0, ROOT)
+
+from benchmarks.lib import environment, results, timing  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
@@ -56,15 +61,9 @@ IMPLS = {"blocked_band": depthwise_conv1d, "shifted_sum": shifted_sum, "lax_grou
 CASES = [(28, 55, 144, 15), (10, 152, 144, 15), (4, 750, 256, 31)]
 
 
-def time_ms(fn, args, repeats: int) -> float:
+def time_ms(fn: Callable[..., jax.Array], args: tuple, repeats: int) -> float:
     """Median wall time of `fn(*args)` in ms, after one compiling call."""
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t0)
-    return 1e3 * float(np.median(times))
+    return 1e3 * timing.median_seconds(lambda: jax.block_until_ready(fn(*args)), repeats)
 
 
 def run_case(b: int, t: int, c: int, k: int, repeats: int) -> dict:
@@ -93,13 +92,9 @@ def main() -> None:
     args = ap.parse_args()
     repeats = 5 if args.quick else 30
     rows = [run_case(*case, repeats=repeats) for case in CASES]
-    device = jax.devices()[0]
     result = {
         "benchmark": "depthwise_conv",
-        "device": f"{device.platform}:{device.device_kind}",
-        "cpu_count": os.cpu_count(),
-        "machine": platform.processor() or platform.machine(),
-        "jax": jax.__version__,
+        **environment.jax_host(),
         "repeats": repeats,
         "cases": rows,
     }
@@ -111,11 +106,7 @@ def main() -> None:
         print(f"| {r['B']}, {r['T']}, {r['C']}, {r['K']} | " + " | ".join(cells) + " |")
     errs = max(r[f"{n}_max_abs_err"] for r in rows for n in IMPLS)
     print(f"max |difference| to lax_grouped over all cases: {errs:.1e}")
-    os.makedirs(RESULTS, exist_ok=True)
-    path = os.path.join(RESULTS, "depthwise_conv.json")
-    with open(path, "w") as f:
-        json.dump(result, f, indent=1)
-    print(f"wrote {path}")
+    results.save_result(os.path.join(RESULTS, "depthwise_conv.json"), result)
 
 
 if __name__ == "__main__":

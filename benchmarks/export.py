@@ -22,14 +22,19 @@ import argparse
 import importlib.util
 import json
 import os
-import platform
-import time
+import sys
 
 import numpy as np
 
 from jaxspeech.data import reader
 from jaxspeech.data.tokenizer import normalize_text
 from jaxspeech.metrics.wer import ErrorCounts
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:  # `benchmarks.lib` from this checkout when run as a script
+    sys.path.insert(0, ROOT)
+
+from benchmarks.lib import environment, results, timing  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
@@ -60,13 +65,7 @@ def score(artifact, utts: list[dict]) -> dict:
 
 def latency(artifact, audio: np.ndarray, repeats: int) -> float:
     """Median seconds of one utterance through the model (ids, no text), after a warm-up."""
-    artifact.transcribe_ids(audio)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        artifact.transcribe_ids(audio)
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
+    return timing.median_seconds(lambda: artifact.transcribe_ids(audio), repeats)
 
 
 def measure(args) -> dict:
@@ -112,7 +111,7 @@ def measure(args) -> dict:
         "utterance_seconds": len(long) / rate,
         "threads": args.threads,
         "repeats": args.repeats,
-        "machine": platform.processor() or platform.machine(),
+        "machine": environment.machine(),
         "cpu_count": os.cpu_count(),
         "rows": rows,
     }
@@ -142,10 +141,7 @@ def main(argv: list[str] | None = None) -> dict:
             f"| {r['model']} | {r['mb']:.1f} | {r['latency_ms']:.0f} | {r['rtf']:.3f} | "
             f"{r['cer']:.2%} | {r['wer']:.2%} |"
         )
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
-    print(f"wrote {args.out}")
+    results.save_result(args.out, result)
     return result
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
+import sys
 import tempfile
 import time
 
@@ -33,8 +33,14 @@ import numpy as np
 from flax import nnx
 
 from configs import demo
-from jaxspeech import export
-from jaxspeech import state as state_lib
+from jaxspeech.config import build
+from jaxspeech.serving import export as export_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:  # `benchmarks.lib` from this checkout when run as a script
+    sys.path.insert(0, ROOT)
+
+from benchmarks.lib import environment, results  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
@@ -49,18 +55,18 @@ def export_streaming_model(chunk: int, output: str) -> dict:
     conformer = config.model.conformer
     conformer.causal, conformer.chunk_size = True, chunk
     conformer.left_chunks = HISTORY // chunk
-    model = state_lib.make_model(config, VOCAB, 0)
+    model = build.make_model(config, VOCAB, 0)
     _, params, _ = nnx.split(model, nnx.Param, ...)
     f = config.features.num_mel_bins
-    stats = state_lib.feature_stats(np.full(f, -5.0), np.full(f, 3.0))
-    arguments = state_lib.model_arguments(config, VOCAB)
-    return export.export_onnx(
+    stats = build.feature_stats(np.full(f, -5.0), np.full(f, 3.0))
+    arguments = build.model_arguments(config, VOCAB)
+    return export_lib.export_onnx(
         arguments,
         nnx.to_pure_dict(params),
         stats,
         RATE,
         output,
-        export.default_onnx_python(),
+        export_lib.default_onnx_python(),
     )
 
 
@@ -158,7 +164,7 @@ def main(argv: list[str] | None = None) -> dict:
         "history_frames": HISTORY,
         "seconds": args.seconds,
         "threads": args.threads,
-        "machine": platform.processor() or platform.machine(),
+        "machine": environment.machine(),
         "cpu_count": os.cpu_count(),
         "rows": rows,
     }
@@ -174,10 +180,7 @@ def main(argv: list[str] | None = None) -> dict:
             f"{r['step_ms']:.1f} | {r['step_rtf']:.3f} | {r['whole_ms']:.0f} | "
             f"{r['whole_rtf']:.3f} | {'frames differ' if diff is None else f'{diff:.1e}'} |"
         )
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
-    print(f"wrote {args.out}")
+    results.save_result(args.out, result)
     return result
 
 

@@ -35,11 +35,8 @@ n_fft-sample span lies wholly inside the signal (not touching the centring pad).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import sys
-import time
 
 import jax
 import kaldi_native_fbank as knf
@@ -47,6 +44,12 @@ import librosa
 import numpy as np
 
 from jaxspeech.audio.features import LogMelConfig, log_mel
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:  # `benchmarks.lib` from this checkout when run as a script
+    sys.path.insert(0, ROOT)
+
+from benchmarks.lib import environment, results, timing  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 _PINNED_ENV = "JAXSPEECH_BENCH_PINNED_CORES"
@@ -152,17 +155,6 @@ def knf_log_mel(audio_s: np.ndarray, sr: int, opts: knf.FbankOptions) -> np.ndar
     return np.stack([fbank.get_frame(i) for i in range(fbank.num_frames_ready)])
 
 
-def median_s(fn, repeats: int) -> float:
-    """Median wall time of `fn()` in seconds, after one warm-up call."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
-
-
 def interior(num_samples: int, cfg: LogMelConfig) -> slice:
     """Frames t whose n_fft span [t*hop - n_fft/2, t*hop + n_fft/2) lies inside the signal."""
     half = cfg.n_fft // 2
@@ -187,26 +179,28 @@ def main() -> None:
 
     jit_log_mel = jax.jit(log_mel, static_argnums=1)
     audio_dev = jax.device_put(audio)
-    jax_s = median_s(lambda: jit_log_mel(audio_dev, cfg).block_until_ready(), repeats)
+    jax_s = timing.median_seconds(lambda: jit_log_mel(audio_dev, cfg).block_until_ready(), repeats)
     jax_feats = np.asarray(jit_log_mel(audio_dev, cfg))
 
-    lib_s = median_s(lambda: [librosa_log_mel(a, cfg) for a in audio], repeats)
+    lib_s = timing.median_seconds(lambda: [librosa_log_mel(a, cfg) for a in audio], repeats)
     lib_feats = np.stack([librosa_log_mel(a, cfg) for a in audio])
     lib64_feats = np.stack([librosa_log_mel(a.astype(np.float64), cfg) for a in audio])
 
     opts = knf_options(cfg)
-    knf_s = median_s(lambda: [knf_log_mel(a, cfg.sample_rate, opts) for a in audio], repeats)
+    knf_s = timing.median_seconds(
+        lambda: [knf_log_mel(a, cfg.sample_rate, opts) for a in audio], repeats
+    )
     knf_frames = knf_log_mel(audio[0], cfg.sample_rate, opts).shape[0]
 
     inner = interior(audio.shape[1], cfg)
     diff = np.abs(jax_feats - lib_feats)
     result = {
         "benchmark": "features",
-        "device": f"{device.platform}:{device.device_kind}",
+        "device": environment.device_label(device),
         "cpu_count": os.cpu_count(),
         "cores_used": args.cores,
         "cpu_affinity": sorted(os.sched_getaffinity(0)),
-        "machine": platform.processor() or platform.machine(),
+        "machine": environment.machine(),
         "jax": jax.__version__,
         "librosa": librosa.__version__,
         "numpy": np.__version__,
@@ -230,10 +224,15 @@ def main() -> None:
         ),
         "log_mel_config": cfg.as_dict(),
     }
+    print_table(result, jax_s, lib_s, knf_s)
+    results.save_result(os.path.join(RESULTS, "features.json"), result)
 
+
+def print_table(result: dict, jax_s: float, lib_s: float, knf_s: float) -> None:
+    """The batch line, the table (batch seconds unrounded) and the ratios."""
     print(
-        f"{batch} x {seconds:g} s of audio, {args.cores} core(s), "
-        f"{result['device']}, median of {repeats}"
+        f"{result['batch']} x {result['seconds_per_utterance']:g} s of audio, "
+        f"{result['cores_used']} core(s), {result['device']}, median of {result['repeats']}"
     )
     print("| front end | batch time s | xRT per core | max abs log diff vs librosa |")
     print("|---|---|---|---|")
@@ -251,11 +250,6 @@ def main() -> None:
         f"jax vs librosa all frames {result['max_abs_log_diff_vs_librosa_all_frames']:.1e}, "
         f"vs float64 librosa (interior) {result['max_abs_log_diff_vs_librosa_float64']:.1e}"
     )
-    os.makedirs(RESULTS, exist_ok=True)
-    path = os.path.join(RESULTS, "features.json")
-    with open(path, "w") as f:
-        json.dump(result, f, indent=1)
-    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -23,10 +23,9 @@ directory (e.g. data/demo/shards). Prints a table and writes
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
-import platform
+import sys
 import tempfile
 import time
 
@@ -37,13 +36,21 @@ from absl import flags
 from array_record.python.array_record_module import ArrayRecordWriter
 
 from configs import demo
-from jaxspeech import state as state_lib
-from jaxspeech import step as step_lib
 from jaxspeech.audio import augment
+from jaxspeech.config import build
 from jaxspeech.data import pipeline as pipeline_lib
 from jaxspeech.data import records
 from jaxspeech.data.tokenizer import Tokenizer, train_char_tokenizer
 from jaxspeech.parallel import rules
+from jaxspeech.training import batch as batch_lib
+from jaxspeech.training import state as state_lib
+from jaxspeech.training import step as step_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:  # `benchmarks.lib` from this checkout when run as a script
+    sys.path.insert(0, ROOT)
+
+from benchmarks.lib import environment, results  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 WORDS = "the a speech model of recognition train data audio loader step fast shard".split()
@@ -113,45 +120,49 @@ def time_loader(pipe: pipeline_lib.Pipeline, num_batches: int, sample_rate: int)
 
 def time_train_step(config, data_dir: str, spec, num_steps: int) -> dict:
     """Audio seconds per second consumed by the demo's jitted train step, one device."""
-    with rules.axis_rules(state_lib.rules_from_config(config)):
+    with rules.axis_rules(build.rules_from_config(config)):
         return _time_train_step(config, data_dir, spec, num_steps)
 
 
 def _time_train_step(config, data_dir: str, spec, num_steps: int) -> dict:
-    mesh = state_lib.mesh_from_config(config)
+    mesh = build.mesh_from_config(config)
     tokenizer = Tokenizer.load(os.path.join(data_dir, "tokenizer"))
     num_bins = config.features.num_mel_bins
     # Parameters of config.seed, identity feature statistics, the config's optimizer.
-    ts = state_lib.init_train_state(
+    state, setup = state_lib.init_train_state(
         config,
         tokenizer.vocab_size,
         mesh,
         np.zeros(num_bins, np.float32),
         np.ones(num_bins, np.float32),
     )
-    params, model_vars, opt_state = ts.params, ts.model_vars, ts.opt_state
     step_fn = jax.jit(
         step_lib.make_train_step(
-            ts.spec.graphdef, ts.tx, config.seed, tokenizer.blank_id, config.loss
+            setup.spec.graphdef, setup.tx, config.seed, tokenizer.blank_id, config.loss
         ),
-        out_shardings=(ts.spec.param_shardings, ts.opt_shardings, None),
-        donate_argnums=(0, 2),
+        out_shardings=(setup.shardings, None),
+        donate_argnums=(0,),
     )
     # The batches the step would see, without augmentation (the same shapes), preloaded.
     pipe = train_pipeline(data_dir, spec, config.seed)
-    keys = tuple(step_lib.BATCH_RANKS)
+    keys = tuple(batch_lib.BATCH_RANKS)
     batches = [{k: pipe.load(pipe.plan[i])[k] for k in keys} for i in range(num_steps)]
+
+    def at_step_0(state: state_lib.TrainState) -> state_lib.TrainState:
+        # A fresh array each time (the state is donated), laid out like the state's step.
+        return state.replace(step=jax.device_put(jnp.int32(0), setup.shardings.step))
+
     t0 = time.perf_counter()
     for bucket in sorted({pipe.plan[i].bucket for i in range(num_steps)}):  # Compile each.
         first = next(i for i in range(num_steps) if pipe.plan[i].bucket == bucket)
-        # The same step dtype as below: a Python int would compile another signature.
-        params, opt_state, m = step_fn(params, model_vars, opt_state, batches[first], jnp.int32(0))
+        state, m = step_fn(at_step_0(state), batches[first])
         jax.block_until_ready(m)
     compile_s = time.perf_counter() - t0
+    state = at_step_0(state)  # the timed steps are 0, 1, ... as in training
     audio_s, wall = 0.0, 0.0
-    for step, batch in enumerate(batches):
+    for batch in batches:
         t = time.perf_counter()
-        params, opt_state, m = step_fn(params, model_vars, opt_state, batch, jnp.int32(step))
+        state, m = step_fn(state, batch)
         jax.block_until_ready(m)
         wall += time.perf_counter() - t
         audio_s += real_seconds(batch, spec.sample_rate)
@@ -199,13 +210,9 @@ def main() -> None:
         )
         loader = time_loader(loader_pipe, loader_batches, sr)
         train = time_train_step(config, data_dir, spec, train_steps)
-    device = jax.devices()[0]
     result = {
         "benchmark": "input_pipeline",
-        "device": f"{device.platform}:{device.device_kind}",
-        "cpu_count": os.cpu_count(),
-        "machine": platform.processor() or platform.machine(),
-        "jax": jax.__version__,
+        **environment.jax_host(),
         "data": args.data or "synthetic",
         "num_workers": args.num_workers,
         "augmentation": {
@@ -227,11 +234,7 @@ def main() -> None:
     print(f"ratio loader / train: {result['ratio']:.1f} (goal >= 5)")
     if not math.isfinite(result["ratio"]):
         raise SystemExit("no audio was timed")
-    os.makedirs(RESULTS, exist_ok=True)
-    path = os.path.join(RESULTS, "input_pipeline.json")
-    with open(path, "w") as f:
-        json.dump(result, f, indent=1)
-    print(f"wrote {path}")
+    results.save_result(os.path.join(RESULTS, "input_pipeline.json"), result)
 
 
 if __name__ == "__main__":

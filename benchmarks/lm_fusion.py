@@ -23,7 +23,7 @@ import argparse
 import json
 import math
 import os
-import platform
+import sys
 import time
 import types
 
@@ -31,14 +31,20 @@ import jax
 import numpy as np
 
 from data_prep import lm as lm_build
-from jaxspeech import evaluate, search
-from jaxspeech import state as state_lib
 from jaxspeech.data import reader
 from jaxspeech.data.tokenizer import normalize_text
-from jaxspeech.decoding import ctc
+from jaxspeech.decoding import ctc, search
 from jaxspeech.decoding.lm import Fusion, NgramLM, TokenWords
 from jaxspeech.decoding.rnnt_fusion import rnnt_beam_search_fused
+from jaxspeech.evaluation import scoring
 from jaxspeech.metrics.wer import ErrorCounts
+from jaxspeech.runs import loading
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:  # `benchmarks.lib` from this checkout when run as a script
+    sys.path.insert(0, ROOT)
+
+from benchmarks.lib import environment, results  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
@@ -131,7 +137,7 @@ def main() -> None:
     args = ap.parse_args()
 
     result: dict = {
-        "machine": platform.processor() or platform.machine(),
+        "machine": environment.machine(),
         "beam": args.beam,
         "head": args.head,
     }
@@ -143,8 +149,8 @@ def main() -> None:
     train = {normalize_text(s) for s in lm_build.read_sentences_from_split(args.data, "train")}
     result["verbatim_in_train"] = {s: overlap(args.data, s, train) for s in ("dev", "test")}
 
-    run = state_lib.load_run(args.workdir)
-    normalize = evaluate.normalizer_from_config(run.config)
+    run = loading.load_run(args.workdir)
+    normalize = scoring.normalizer_from_config(run.config)
     words = TokenWords.from_tokenizer(run.tokenizer)
     lm = NgramLM(lm_path)
     result["step"], rows = run.step, []
@@ -180,10 +186,8 @@ def main() -> None:
     for weight, bonus in {(best["lm_weight"], best["word_bonus"]), default}:
         row("test", f"beam {args.beam} + LM", args.beam, weight, bonus)
     result |= {"rows": rows, "best_dev": {k: best[k] for k in ("lm_weight", "word_bonus")}}
-    os.makedirs(RESULTS, exist_ok=True)
     name = "lm_fusion.json" if args.head == "ctc" else "lm_fusion_rnnt.json"
-    with open(os.path.join(RESULTS, name), "w") as f:
-        json.dump(result, f, indent=1)
+    results.write_json(os.path.join(RESULTS, name), result)
     print("| split | decoder | LM weight | word bonus | WER | CER | search RTF |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:

@@ -19,20 +19,28 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
+import sys
 import tempfile
 import time
 
 import numpy as np
 import soundfile as sf
 
-from jaxspeech import evaluate, transcribe
-from jaxspeech import state as state_lib
+from jaxspeech.config import build
 from jaxspeech.data import reader
 from jaxspeech.data.tokenizer import normalize_text
+from jaxspeech.evaluation import run as eval_run
 from jaxspeech.metrics.wer import ErrorCounts
 from jaxspeech.parallel import rules
+from jaxspeech.runs import loading
+from jaxspeech.serving import transcribe as transcribe_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:  # `benchmarks.lib` from this checkout when run as a script
+    sys.path.insert(0, ROOT)
+
+from benchmarks.lib import environment, results  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
@@ -70,23 +78,23 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     args = ap.parse_args()
 
-    config = evaluate.run_eval_config(args.workdir)
+    config = eval_run.run_eval_config(args.workdir)
     rate = int(config.features.sample_rate)
     recs = reader.read_split_records(args.data, args.split)
     audio = [reader.audio_float32(r) for r in recs]
     texts = [normalize_text(r["text"]) for r in recs]
     result: dict = {
-        "machine": platform.processor() or platform.machine(),
+        "machine": environment.machine(),
         "window_s": args.window_s,
         "overlap_s": args.overlap_s,
         "min_pause_s": args.min_pause_s,
         "decoding": config.decoding.method,
         "rows": [],
     }
-    with rules.axis_rules(state_lib.rules_from_config(config)):
-        run = state_lib.load_run(args.workdir)
-        batch = transcribe.batch_size(args.batch, run.spec.mesh)
-        decode = transcribe.window_decoder(run, config, args.window_s)
+    with rules.axis_rules(build.rules_from_config(config)):
+        run = loading.load_run(args.workdir)
+        batch = transcribe_lib.batch_size(args.batch, run.spec.mesh)
+        decode = transcribe_lib.window_decoder(run, config, args.window_s)
         window = int(args.window_s * rate)
         singles = one_by_one(decode, run.tokenizer, audio, window, batch)
         result["step"] = run.step
@@ -102,7 +110,7 @@ def main() -> None:
                 sf.write(path, np.concatenate([x for i in idx for x in (audio[i], pause)]), rate)
                 got: list[dict] = []
                 t0 = time.perf_counter()
-                transcribe.transcribe_files(
+                transcribe_lib.transcribe_files(
                     [path], run, config, window_s=args.window_s, overlap_s=args.overlap_s,
                     batch=batch, emit=got.append, min_pause_s=args.min_pause_s,
                 )  # fmt: skip
@@ -118,9 +126,7 @@ def main() -> None:
                 }
                 result["rows"].append(row)
                 print(json.dumps(row), flush=True)
-    os.makedirs(RESULTS, exist_ok=True)
-    with open(os.path.join(RESULTS, "longform.json"), "w") as f:
-        json.dump(result, f, indent=1)
+    results.write_json(os.path.join(RESULTS, "longform.json"), result)
     print("| minutes | utterances | WER long-form | WER one by one | CER long-form | "
           "CER one by one | RTF | peak RSS MB |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|")

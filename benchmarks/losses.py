@@ -38,14 +38,10 @@ Goals (printed, never asserted): pruned peak at least 5x below full, pruned fast
 from __future__ import annotations
 
 import argparse
-import datetime
 import functools
 import json
 import os
-import platform
-import subprocess
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -53,6 +49,12 @@ import numpy as np
 
 from jaxspeech.losses.ctc import ctc_loss
 from jaxspeech.losses.rnnt import rnnt_loss, rnnt_pruned_loss
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:  # `benchmarks.lib` from this checkout when run as a script
+    sys.path.insert(0, ROOT)
+
+from benchmarks.lib import environment, results, timing, workers  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 D = 256  # encoder / predictor / joiner width
@@ -185,13 +187,8 @@ def measure(head: str, b: int, t: int, u: int, v: int, repeats: int) -> dict:
     if can_reset_rss:
         row["rss_mb"] = (_status_kb("VmHWM") - rss_before) / 1024
     row["loss"] = float(loss)
-    jax.block_until_ready(compiled(*args))  # warm-up
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(compiled(*args))
-        times.append(time.perf_counter() - t0)
-    row["ms"] = 1e3 * float(np.median(times))
+    # one warm-up call, then the median of `repeats`
+    row["ms"] = 1e3 * timing.median_seconds(lambda: jax.block_until_ready(compiled(*args)), repeats)
     return row
 
 
@@ -201,10 +198,7 @@ def measure(head: str, b: int, t: int, u: int, v: int, repeats: int) -> dict:
 def run_worker(heads: tuple[str, ...], case: tuple[int, int, int, int], repeats: int) -> list:
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", ",".join(heads)]
     cmd += [str(x) for x in case] + ["--repeats", str(repeats)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{heads} {case} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return workers.last_json_line(cmd, 1800, f"{heads} {case}", 3000)
 
 
 def run(
@@ -218,7 +212,7 @@ def run(
     table, writes `out` and returns its JSON. shared_process: all heads of a case in one
     process (faster; on accelerators the later heads' peaks then include the earlier ones')."""
     rows, methods = [], set()
-    load_at_start = round(os.getloadavg()[0], 2)
+    load_at_start = environment.load_avg_1m()
     for b, t, u, v in cases:
         row: dict = {"B": b, "T": t, "U": u, "V": v}
         row["logsoftmax_4d_mb"] = b * t * (u + 1) * v * 4 / 2**20
@@ -234,15 +228,11 @@ def run(
         row["goal_faster"] = "PASS" if row["pruned_speedup"] > 1 else "FAIL"
         rows.append(row)
         print(f"case B={b} T={t} U={u} V={v} done", flush=True)
-    device = jax.devices()[0]
     has_rss = "rnnt_full_rss_mb" in rows[0]
     result = {
         "benchmark": "losses",
-        "device": f"{device.platform}:{device.device_kind}",
-        "cpu_count": os.cpu_count(),
-        "machine": platform.processor() or platform.machine(),
-        "jax": jax.__version__,
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        **environment.jax_host(),
+        "date": environment.utc_date(),
         # Other processes' load skews CPU timings: the 1-minute load average at the start.
         "load_avg_1m_at_start": load_at_start,
         "repeats": repeats,
@@ -277,10 +267,7 @@ def run(
         for r in rows:
             rss = ", ".join(f"{r[f'{h}_rss_mb']:.1f}" for h in heads)
             print(f"  {r['B']}, {r['T']}, {r['U']}, {r['V']}: {rss}")
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(result, f, indent=1)
-    print(f"wrote {out}")
+    results.save_result(out, result)
     return result
 
 

@@ -23,7 +23,7 @@ import argparse
 import json
 import math
 import os
-import platform
+import sys
 import time
 
 import jax
@@ -31,13 +31,20 @@ import numpy as np
 from flax import nnx
 from rapidfuzz.distance import Levenshtein
 
-from jaxspeech import evaluate, search
-from jaxspeech import state as state_lib
+from jaxspeech.config import build
 from jaxspeech.data import reader
 from jaxspeech.data.tokenizer import normalize_text
-from jaxspeech.decoding import ctc
+from jaxspeech.decoding import ctc, search
+from jaxspeech.evaluation import run as eval_run
 from jaxspeech.metrics.wer import ErrorCounts
 from jaxspeech.parallel import rules
+from jaxspeech.runs import loading
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:  # `benchmarks.lib` from this checkout when run as a script
+    sys.path.insert(0, ROOT)
+
+from benchmarks.lib import environment, results  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
@@ -107,7 +114,7 @@ def main() -> None:
     ap.add_argument("--chunks", default="4,16")
     args = ap.parse_args()
 
-    result: dict = {"machine": platform.processor() or platform.machine(), "rows": []}
+    result: dict = {"machine": environment.machine(), "rows": []}
     data = {}
     for split in ("dev", "test"):
         recs = reader.read_split_records(args.data, split)
@@ -115,9 +122,9 @@ def main() -> None:
             [reader.audio_float32(r) for r in recs],
             [normalize_text(r["text"]) for r in recs],
         )
-    base = evaluate.run_eval_config(args.workdir, "ctc_greedy", None, None, {"chunk_size": 0})
-    with rules.axis_rules(state_lib.rules_from_config(base)):
-        run = state_lib.load_run(args.workdir, config=base)
+    base = eval_run.run_eval_config(args.workdir, "ctc_greedy", None, None, {"chunk_size": 0})
+    with rules.axis_rules(build.rules_from_config(base)):
+        run = loading.load_run(args.workdir, config=base)
         full = {s: full_context(run, base, audio) for s, (audio, _) in data.items()}
         result["step"] = run.step
         model = nnx.merge(run.spec.graphdef, run.params, run.model_vars)
@@ -128,10 +135,10 @@ def main() -> None:
             result["rows"].append(row)
             print(json.dumps(row), flush=True)
         for c in (int(x) for x in args.chunks.split(",")):
-            config = evaluate.run_eval_config(
+            config = eval_run.run_eval_config(
                 args.workdir, "ctc_greedy", None, None, {"chunk_size": c, "streaming": True}
             )
-            run_c = state_lib.load_run(args.workdir, config=config)
+            run_c = loading.load_run(args.workdir, config=config)
             for split, (audio, refs) in data.items():
                 hyps, seconds = chunked(run_c, config, audio)
                 d = np.array(delays(hyps, full[split]))
@@ -150,9 +157,7 @@ def main() -> None:
                 }
                 result["rows"].append(row)
                 print(json.dumps(row), flush=True)
-    os.makedirs(RESULTS, exist_ok=True)
-    with open(os.path.join(RESULTS, "streaming.json"), "w") as f:
-        json.dump(result, f, indent=1)
+    results.write_json(os.path.join(RESULTS, "streaming.json"), result)
     print("| chunk | split | WER | CER | x real time | emission delay vs full context, "
           "mean / p90 / max frames | wait for the chunk, mean ms |")  # fmt: skip
     print("|---|---|---|---|---|---|---|")

@@ -22,15 +22,16 @@ run where it stopped, and once the run has finished it is evaluated and its row 
    strategies' extra work, not their communication (there is no network here).
 2. Bytes (measured and computed). For each strategy the same training step is compiled
    for the 4-device mesh and every collective of the compiled HLO is parsed with
-   benchmarks/scaling.py's parser (ring bytes per device; BMUF's block update runs in a
-   conditional branch every `block_steps` steps, so those ops count 1/block_steps). Next
-   to it: the strategy's payload arithmetic (`jaxspeech.parallel.sync.payload_bytes`,
-   what TensorBoard shows as sync/bytes_per_step), which counts only the learners'
-   exchange.
+   scaling.py's parser, benchmarks/lib/hlo.py (ring bytes per device; BMUF's block update
+   runs in a conditional branch every `block_steps` steps, so those ops count
+   1/block_steps). Next to it: the strategy's payload arithmetic
+   (`jaxspeech.parallel.sync.payload_bytes`, what TensorBoard shows as
+   sync/bytes_per_step), which counts only the learners' exchange.
 3. Projection (not measured). Each strategy's payload, as a share of the all-reduced
    gradient bytes measured here, applied to benchmarks/results/scaling.json's
    Conformer-S gradient bytes and compute per step, with that script's cost model
-   (ring algorithms, nodes of 8, overlap 0.5), from 8 to 1,024 devices:
+   (benchmarks/lib/cost_model.py: ring algorithms, nodes of 8, overlap 0.5), from 8 to 1,024
+   devices:
      allreduce: scaling.py's flat and hierarchical rings;
      bmuf: the hierarchical all-reduce once every block_steps steps;
      gtc: an all-gather of every learner's message (grows with N: (N-1) m);
@@ -54,10 +55,8 @@ if __name__ == "__main__":  # simulated CPU devices; must precede the first jax 
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import argparse
-import datetime
 import json
 import math
-import platform
 import subprocess
 import sys
 import time
@@ -65,9 +64,10 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
-import scaling  # noqa: E402 - the collective parser and the cost model
+from benchmarks.lib import cost_model, environment, hlo, lowering, results  # noqa: E402
+from jaxspeech.config import build  # noqa: E402
+from jaxspeech.runs import events  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
 DEVICES = 4  # simulated CPU devices (set above, before jax starts)
@@ -132,9 +132,8 @@ def train(name: str, steps: int, workdir: str, run_minutes: float = 0.0) -> dict
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"{name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    from jaxspeech import monitor
 
-    finished = [e for e in monitor.read_events(run) if e["event"] == "finished"]
+    finished = [e for e in events.read_events(run) if e["event"] == "finished"]
     if not finished:
         print(f"{name}: stopped after {run_minutes:g} min; rerun to resume", flush=True)
         return None
@@ -173,13 +172,12 @@ def compiled_bytes(name: str) -> dict:
     """The strategy's training step compiled for the 4-device mesh: ring bytes per device
     per step from its collectives, and the payload arithmetic."""
     import jax
-    import jax.numpy as jnp
     import numpy as np
 
     from configs import demo
-    from jaxspeech import state as state_lib
-    from jaxspeech import step as step_lib
     from jaxspeech.parallel import rules, sync
+    from jaxspeech.training import state as state_lib
+    from jaxspeech.training import step as step_lib
 
     shape, settings = STRATEGIES[name]
     config = demo.get_config()
@@ -187,40 +185,47 @@ def compiled_bytes(name: str) -> dict:
     config.mesh.replica, config.mesh.data, config.mesh.fsdp, config.mesh.tensor = shape
     config.sync.update(settings)
     vocab = 32
-    mesh = state_lib.mesh_from_config(config, devices=jax.devices()[: math.prod(shape)])
+    mesh = build.mesh_from_config(config, devices=jax.devices()[: math.prod(shape)])
     bins = config.features.num_mel_bins
-    with rules.axis_rules(state_lib.rules_from_config(config)):
-        ts = state_lib.init_train_state(config, vocab, mesh, np.zeros(bins), np.ones(bins))
-        step = step_lib.jit_sync_train_step(
-            ts,
-            step_lib.make_sync_train_step(
-                ts.spec.graphdef, ts.tx, 0, 0, config.loss, ts.strategy, ts.spec.param_shardings
+    with rules.axis_rules(build.rules_from_config(config)):
+        state, setup = state_lib.init_train_state(
+            config, vocab, mesh, np.zeros(bins), np.ones(bins)
+        )
+        strategy = setup.strategy
+        step = step_lib.jit_train_step(
+            setup,
+            step_lib.make_train_step(
+                setup.spec.graphdef,
+                setup.tx,
+                0,
+                0,
+                config.loss,
+                strategy=strategy,
+                param_shardings=setup.spec.param_shardings,
             ),
         )
-        batch = scaling.abstract_batch(mesh, 16, 4.0, config)
+        batch = lowering.abstract_batch(mesh, 16, 4.0, config)
         with jax.set_mesh(mesh):
-            lowered = step.lower(
-                ts.params, ts.model_vars, ts.opt_state, ts.sync_state, batch, jnp.int32(0)
-            )
-            hlo = lowered.compile(compiler_options=scaling.COMPILER_OPTIONS).as_text()
-        payload = sync.payload_bytes(ts.strategy, ts.params, ts.spec.param_shardings, mesh)
-    ops = scaling.parse_collectives(hlo)
-    every = ts.strategy.block_steps if ts.strategy.method == "bmuf" else 1
+            lowered = step.lower(state, batch)
+            hlo_text = lowered.compile(compiler_options=lowering.COMPILER_OPTIONS).as_text()
+        payload = sync.payload_bytes(strategy, state.params, setup.spec.param_shardings, mesh)
+    ops = hlo.parse_collectives(hlo_text)
+    every = strategy.block_steps if strategy.method == "bmuf" else 1
     by_kind: dict = {}
     for op in ops:
-        per_step = scaling.ring_bytes(op) * op["executions"]
+        per_step = hlo.ring_bytes(op) * op["executions"]
         if "conditional_branch" in op["flags"]:
             per_step /= every  # BMUF's block update: once every block_steps steps
         by_kind[op["kind"]] = by_kind.get(op["kind"], 0.0) + per_step
-    param_bytes = float(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(ts.params)))
+    param_bytes = float(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state.params)))
     return {
         "measured_bytes_per_step": sum(by_kind.values()),
         "measured_by_kind": by_kind,
         "payload": payload,
         "param_bytes": param_bytes,
         # all-reduce: the same replica x data groups, for the table
-        "learners": ts.strategy.num_learners if ts.strategy.has_state else math.prod(shape[:2]),
-        "describe": sync.describe(ts.strategy, payload),
+        "learners": strategy.num_learners if strategy.has_state else math.prod(shape[:2]),
+        "describe": sync.describe(strategy, payload),
     }
 
 
@@ -228,22 +233,24 @@ def compiled_bytes(name: str) -> dict:
 def comm_time(name: str, share: float, grad_bytes: float, n: int, hw: dict) -> float:
     """Seconds of one step's communication on n devices (see the module docstring);
     `share`: the strategy's measured payload / the measured all-reduce payload."""
-    flat_bw = hw["intra_bw"] if n <= scaling.NODE else min(hw["intra_bw"], hw["inter_bw"])
-    flat_lat = hw["intra_latency"] if n <= scaling.NODE else hw["inter_latency"]
+    flat_bw = hw["intra_bw"] if n <= cost_model.NODE else min(hw["intra_bw"], hw["inter_bw"])
+    flat_lat = hw["intra_latency"] if n <= cost_model.NODE else hw["inter_latency"]
     if name == "allreduce":
-        return scaling.comm_time("hierarchical", grad_bytes, n, hw)
+        return cost_model.comm_time("hierarchical", grad_bytes, n, hw)
     if name == "bmuf":
-        return scaling.comm_time("hierarchical", grad_bytes, n, hw) / BLOCK_STEPS
+        return cost_model.comm_time("hierarchical", grad_bytes, n, hw) / BLOCK_STEPS
     if name == "gtc":
         # the measured 4-learner payload is (4 - 1) messages: one message m, then (n - 1) m
-        message = share * scaling.ring_allreduce_time(grad_bytes, 4, 1.0, 0.0) / 3
+        message = share * cost_model.ring_allreduce_time(grad_bytes, 4, 1.0, 0.0) / 3
         return (n - 1) * message / flat_bw + (n - 1) * flat_lat
     if name == "gossip":
         return 2 * grad_bytes / flat_bw + 2 * flat_lat
     if name == "hierarchical":
-        local = min(n, scaling.NODE)
-        inner = 2 * scaling.ring_half_time(grad_bytes, local, hw["intra_bw"], hw["intra_latency"])
-        if n <= scaling.NODE:
+        local = min(n, cost_model.NODE)
+        inner = 2 * cost_model.ring_half_time(
+            grad_bytes, local, hw["intra_bw"], hw["intra_latency"]
+        )
+        if n <= cost_model.NODE:
             return inner
         return inner + 2 * grad_bytes / hw["inter_bw"] + 2 * hw["inter_latency"]
     raise ValueError(name)
@@ -257,14 +264,14 @@ def projection(shares: dict, device_seconds: float) -> dict:
         method = json.load(f)["projection"]["method"]
     grad_bytes = method["grad_bytes"]
     out = {}
-    for hw_name, hw in scaling.HARDWARE.items():
+    for hw_name, hw in cost_model.HARDWARE.items():
         compute = method["flops_per_audio_second"] * device_seconds / hw["flops_per_s"]
         per = {}
         for name, share in shares.items():
             rows = []
-            for n in scaling.PROJECT_N:
+            for n in cost_model.PROJECT_N:
                 comm = comm_time(name, share, grad_bytes, n, hw)
-                step = compute + max(0.0, comm - scaling.OVERLAP * compute)
+                step = compute + max(0.0, comm - cost_model.OVERLAP * compute)
                 rows.append({"n": n, "comm_ms": 1e3 * comm, "efficiency": compute / step})
             per[name] = rows
         out[hw_name] = per
@@ -304,10 +311,10 @@ def print_projection(proj: dict) -> None:
     for hw_name, per in proj["rows"].items():
         print(
             f"\nprojected efficiency (not measured), {proj['device_seconds']:g} s of audio per "
-            f"device per step, {scaling.HARDWARE[hw_name]['label']}:"
+            f"device per step, {cost_model.HARDWARE[hw_name]['label']}:"
         )
-        print("| strategy | " + " | ".join(f"N={n}" for n in scaling.PROJECT_N) + " |")
-        print("|---|" + "---|" * len(scaling.PROJECT_N))
+        print("| strategy | " + " | ".join(f"N={n}" for n in cost_model.PROJECT_N) + " |")
+        print("|---|" + "---|" * len(cost_model.PROJECT_N))
         for name, cells in per.items():
             print(f"| {name} | " + " | ".join(f"{c['efficiency']:.2f}" for c in cells) + " |")
 
@@ -373,20 +380,18 @@ def run(
     device = jax.devices()[0]
     result = {
         "benchmark": "sync",
-        "device": f"{device.platform}:{device.device_kind} x {DEVICES} (simulated)",
+        "device": f"{environment.device_label(device)} x {DEVICES} (simulated)",
         "cpu_count": os.cpu_count(),
-        "machine": platform.processor() or platform.machine(),
+        "machine": environment.machine(),
         "jax": jax.__version__,
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "date": environment.utc_date(),
         "recipe": "configs/demo.py, seed 0, dev split, greedy CTC; steps per strategy in its row",
         "strategies": {n: {"mesh": list(STRATEGIES[n][0])} | rows[n] for n in rows},
         "projection": proj,
         "wall_s": round(time.perf_counter() - t0, 1),
     }
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    with open(out + ".tmp", "w") as f:
-        json.dump(result, f, indent=1)
-    os.replace(out + ".tmp", out)  # a kill mid-write never loses the other strategies' rows
+    # atomic: a kill mid-write never loses the other strategies' rows
+    results.write_json(out, result, atomic=True)
     print(f"wrote {out} ({result['wall_s']} s)")
     return result
 

@@ -6,15 +6,16 @@ prints a table and writes `benchmarks/results/train_step.json`. `--set` changes 
 entry of every model (e.g. `--set model.head=ctc` times the step without the transducer).
 
 What runs: for each model, the real training step of `configs/conformer.py:<size>` as
-the trainer builds it from `jaxspeech.state` and `jaxspeech.step`: its head (ctc+rnnt: the
-pruned RNN-T loss with a CTC auxiliary loss, as configured), SpecAugment, dropout, the
-log-mel front end, AdamW of `jaxspeech.optim`, and a 500-piece vocabulary (blank 0). The
-mesh is every local device along `data` (pure data parallelism, whatever the config says).
-Parameters are really initialized (`jaxspeech.state.init_params`: created on their shards
-by `jax.jit(init, out_shardings=...)`); the step is jitted with the train loop's in/out
-shardings and donation (`donate_argnums=(0, 2)`), lowered inside `jax.set_mesh(mesh)` as
-the train loop does and compiled ahead of time once (`.lower(...).compile()`, reported
-as `compile_s`).
+the trainer builds it from `jaxspeech.training.state` and `jaxspeech.training.step`: its
+head (ctc+rnnt: the pruned RNN-T loss with a CTC auxiliary loss, as configured),
+SpecAugment, dropout, the log-mel front end, AdamW of `jaxspeech.training.optim`, and a
+500-piece vocabulary (blank 0). The mesh is every local device along `data` (pure data
+parallelism, whatever the config says). Parameters are really initialized
+(`jaxspeech.config.build.init_params`: created on their shards by
+`jax.jit(init, out_shardings=...)`); the step `train_step(state, batch)` is jitted with the
+train loop's in/out shardings (a `TrainState` of shardings) and donation of the whole
+state (`donate_argnums=(0,)`), lowered inside `jax.set_mesh(mesh)` as the train loop does
+and compiled ahead of time once (`.lower(...).compile()`, reported as `compile_s`).
 
 The batch is synthetic: B utterances of exactly S seconds of 16 kHz noise (every row is
 real audio, so B x S is the audio of one step), labels drawn uniformly from [1, 500) with
@@ -37,7 +38,7 @@ bfloat16. Default models: S and M; on a GPU/TPU Conformer-L in bfloat16 is added
 
 Timing: one warm-up step after compiling, then the median of N steps (default 5 on CPU,
 20 on accelerators), each ended by `block_until_ready` on the loss, with the donated
-parameters and optimizer state fed back as in training.
+train state (parameters, optimizer state, step) fed back as in training.
 
 Reported per model: device (device_kind), dtype, params_m (millions of parameters),
 batch, seconds, step_ms, audio_s_per_s (B x S / step time), model_gflop_per_step,
@@ -48,8 +49,8 @@ together), mfu (= achieved / peak), and XLA's per-device memory plan of the comp
 process (init, compile, steps). Each model runs in a fresh subprocess, so these peaks are
 its own; a first subprocess only reads the device and measures the CPU matmul rate.
 
-Model FLOPs: `jaxspeech.step.step_flops`, the same count the training loop's MFU uses
-(XLA's cost analysis of the same step, lowered with the layers and the RNN-T joiner's
+Model FLOPs: `jaxspeech.training.flops.step_flops`, the same count the training loop's MFU
+uses (XLA's cost analysis of the same step, lowered with the layers and the RNN-T joiner's
 frame chunks unrolled and no rematerialization: XLA counts a loop's body once, which
 would leave out most of the joiner's FLOPs, about 4.5% of Conformer-S's step at B=8,
 S=8 s). The timed step stays chunked as configured. The RNN-T recursions over time are
@@ -70,28 +71,34 @@ On CPU the script says that the goal applies to accelerators.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import math
 import os
-import platform
-import subprocess
 import sys
 import time
-from collections.abc import Callable
+import types
 
 import numpy as np
 
-from jaxspeech.metrics import perf
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:  # `benchmarks.lib` from this checkout when run as a script
+    sys.path.insert(0, ROOT)
+
+from benchmarks.lib import environment, results, workers  # noqa: E402
+from benchmarks.lib.config_overrides import apply_overrides  # noqa: E402
+from benchmarks.lib.mfu import MATMUL_N, MATMUL_TRIES, probe, rates, select_peak  # noqa: E402
+from benchmarks.lib.synthetic_batch import (  # noqa: E402
+    TOKENS_PER_SECOND,
+    VOCAB,
+    label_width,
+    make_batch,
+)
+from jaxspeech.config import build  # noqa: E402
+from jaxspeech.training import batch as batch_lib  # noqa: E402
+from jaxspeech.training import flops as flops_lib  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
-VOCAB = 500  # BPE-500, as configs/conformer.py expects
 PROFILE_ENV = "TRAIN_STEP_PROFILE_DIR"  # --profile, handed to the workers
 BLANK_ID = 0  # jaxspeech.data.tokenizer: id 0 is always the blank
-SAMPLE_RATE = 16000
-TOKENS_PER_SECOND = (3.0, 5.0)  # uniform per utterance: 4 tokens/s on average
-MATMUL_N = 2048
-MATMUL_TRIES = 5
 MFU_GOAL = 0.40  # Conformer-L, bfloat16, accelerator
 GOAL_MODEL, GOAL_DTYPE = "L", "bfloat16"
 
@@ -137,82 +144,6 @@ def settings(
     }
 
 
-def make_batch(
-    batch: int,
-    seconds: float,
-    *,
-    label_width: int,
-    vocab: int = VOCAB,
-    sample_rate: int = SAMPLE_RATE,
-    tokens_per_second: tuple[float, float] = TOKENS_PER_SECOND,
-    seed: int = 0,
-) -> dict[str, np.ndarray]:
-    """A host batch as the input pipeline delivers it: B full-length utterances of
-    `seconds` of noise, labels in [1, vocab) at tokens_per_second (uniform per row),
-    padded with 0 to label_width."""
-    rng = np.random.default_rng(seed)
-    samples = int(round(seconds * sample_rate))
-    rates = rng.uniform(*tokens_per_second, batch)
-    label_len = np.clip(np.round(rates * seconds), 1, label_width).astype(np.int32)
-    labels = rng.integers(1, vocab, (batch, label_width)).astype(np.int32)
-    labels[np.arange(label_width)[None, :] >= label_len[:, None]] = 0
-    return {
-        "audio": (0.1 * rng.standard_normal((batch, samples))).astype(np.float32),
-        "audio_len": np.full(batch, samples, np.int32),
-        "labels": labels,
-        "label_len": label_len,
-        "weight": np.ones(batch, np.float32),
-        "label_overflow": np.zeros(batch, np.int32),
-        "corrupt": np.zeros(batch, np.int32),
-    }
-
-
-def label_width(seconds: float, max_tokens_per_second: float) -> int:
-    """Label padding of an S-second bucket (jaxspeech.data.pipeline.make_bucket_spec)."""
-    return int(math.ceil(seconds * max_tokens_per_second))
-
-
-def select_peak(
-    device_kind: str,
-    platform_name: str,
-    dtype: str,
-    override_tflops: float = 0.0,
-    measured_flops: float | Callable[[], float] | None = None,
-) -> tuple[float | None, str]:
-    """(peak FLOP/s of ONE device, peak_source).
-
-    override ("override") > the perf table ("table") > on CPU the measured matmul rate of
-    one device ("measured_matmul"; a number or a function that measures it) > (None,
-    "unknown").
-    """
-    if override_tflops and override_tflops > 0:
-        return perf.peak_flops_per_device(device_kind, dtype, override_tflops), "override"
-    peak = perf.peak_flops_per_device(device_kind, dtype)
-    if peak is not None:
-        return peak, "table"
-    if platform_name == "cpu" and measured_flops is not None:
-        value = measured_flops() if callable(measured_flops) else measured_flops
-        return float(value), "measured_matmul"
-    return None, "unknown"
-
-
-def rates(
-    flops_per_step: float,
-    step_s: float,
-    batch: int,
-    seconds: float,
-    num_devices: int,
-    peak_per_device: float | None,
-) -> dict:
-    """audio_s_per_s, achieved_tflops, peak_tflops (all devices) and mfu of one model."""
-    return {
-        "audio_s_per_s": batch * seconds / step_s,
-        "achieved_tflops": flops_per_step / step_s / 1e12,
-        "peak_tflops": None if peak_per_device is None else peak_per_device * num_devices / 1e12,
-        "mfu": perf.mfu(flops_per_step, step_s, num_devices, peak_per_device),
-    }
-
-
 def smaller_batch(batch: int, num_devices: int) -> int | None:
     """Half the batch, rounded down to a multiple of the devices; None below one row each."""
     half = (batch // 2) // num_devices * num_devices
@@ -238,180 +169,61 @@ def goal_line(rows: list[dict], accelerator: bool, skipped: list[dict] = ()) -> 
 # ------------------------------------------------------------------------------------
 # Workers (each in a fresh process).
 # ------------------------------------------------------------------------------------
-def matmul_flops_per_s(n: int = MATMUL_N, tries: int = MATMUL_TRIES) -> float:
-    """Best FLOP/s of `tries` timed (n x n) @ (n x n) float32 matmuls on one device."""
-    import jax
-    import jax.numpy as jnp
-
-    dev = jax.local_devices()[0]
-    rng = np.random.default_rng(0)
-    a, b = (jax.device_put(rng.standard_normal((n, n), np.float32), dev) for _ in range(2))
-    mm = jax.jit(jnp.matmul)
-    jax.block_until_ready(mm(a, b))  # compile and warm up
-    best = math.inf
-    for _ in range(tries):
-        t0 = time.perf_counter()
-        jax.block_until_ready(mm(a, b))
-        best = min(best, time.perf_counter() - t0)
-    return 2.0 * n**3 / best
-
-
-def probe(measure_matmul: bool) -> dict:
-    """The device this machine gives JAX, and the CPU matmul rate when asked."""
-    import jax
-
-    dev = jax.local_devices()[0]
-    out = {
-        "platform": dev.platform,
-        "device_kind": dev.device_kind,
-        "device_count": jax.local_device_count(),
-        "process_count": jax.process_count(),
-        "jax": jax.__version__,
-    }
-    if measure_matmul and dev.platform == "cpu":
-        out["matmul_flops_per_s"] = matmul_flops_per_s()
-    return out
-
-
-def apply_overrides(config, overrides: list[str]) -> None:
-    """Sets `KEY=VALUE` entries (dotted keys of an existing config entry; VALUE a Python
-    literal, else a string) in place: an unknown key or a value of another type is an error."""
-    import ast
-
-    for item in overrides:
-        key, sep, text = item.partition("=")
-        if not sep:
-            raise SystemExit(f"--set {item!r}: expected KEY=VALUE")
-        try:
-            value = ast.literal_eval(text)
-        except (ValueError, SyntaxError):
-            value = text
-        *parents, leaf = key.split(".")
-        node = config
-        for name in parents:
-            node = node.get(name) if hasattr(node, "get") else None
-        if node is None or not hasattr(node, "get") or leaf not in node:
-            raise SystemExit(f"--set {item!r}: the config has no entry {key!r}")
-        try:
-            setattr(node, leaf, value)
-        except TypeError as e:
-            raise SystemExit(f"--set {item!r}: {e}") from e
-
-
 def measure_model(
     size: str, dtype: str, batch: int, seconds: float, repeats: int, overrides: list[str] = ()
 ) -> dict:
     """Builds, compiles and times the train step of configs/conformer.py:<size>."""
     from configs import conformer
-    from jaxspeech import state as state_lib
     from jaxspeech.parallel import rules
 
     config = conformer.get_config(size)
     config.model.dtype = dtype
     apply_overrides(config, list(overrides))
     config.mesh.replica, config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 1, -1, 1, 1
-    with rules.axis_rules(state_lib.rules_from_config(config)):  # the train loop's table
+    with rules.axis_rules(build.rules_from_config(config)):  # the train loop's table
         return _measure(config, size, dtype, batch, seconds, repeats)
 
 
 def _measure(config, size: str, dtype: str, batch: int, seconds: float, repeats: int) -> dict:
     import jax
-    import jax.numpy as jnp
-
-    from jaxspeech import optim
-    from jaxspeech import state as state_lib
-    from jaxspeech import step as step_lib
-    from jaxspeech.parallel import mesh as mesh_lib
 
     devices = jax.local_devices()
     if batch % len(devices):
         raise SystemExit(f"--batch {batch} must be a multiple of the {len(devices)} devices")
-    mesh = state_lib.mesh_from_config(config, devices=devices)
-    spec = state_lib.abstract_model(config, VOCAB, mesh)
-    p_shard, v_shard = spec.param_shardings, spec.var_shardings
-    t0 = time.perf_counter()  # the parameters alone, created on their shards
-    params = jax.block_until_ready(state_lib.init_params(config, VOCAB, spec, config.seed))
-    init_s = time.perf_counter() - t0
-    num_params = sum(int(x.size) for x in jax.tree.leaves(params))
-    f = config.features.num_mel_bins
-    cmvn = state_lib.feature_stats(np.full(f, -5.0, np.float32), np.full(f, 3.0, np.float32))
-    model_vars = jax.device_put(cmvn, v_shard)
-    tx, _ = optim.make_optimizer(config.optim, int(config.train.num_steps))
-    opt_state, o_shard = state_lib.init_opt_state(tx, params, mesh, p_shard)
-    local = make_batch(
-        batch, seconds, label_width=label_width(seconds, config.data.max_tokens_per_second)
-    )
-    batch_arrays = mesh_lib.host_to_global(mesh, local)
-    train_step = jax.jit(
-        step_lib.make_train_step(spec.graphdef, tx, config.seed, BLANK_ID, config.loss),
-        in_shardings=(p_shard, v_shard, o_shard, step_lib.batch_shardings(mesh), None),
-        out_shardings=(p_shard, o_shard, None),
-        donate_argnums=(0, 2),
-    )
-    steps = [jnp.int32(i) for i in range(repeats + 1)]
+    prep = _initialize(config, devices, batch, seconds)
     try:
-        t0 = time.perf_counter()
-        with jax.set_mesh(mesh):  # as the train loop: logical-axis constraints take effect
-            lowered = train_step.lower(params, model_vars, opt_state, batch_arrays, steps[0])
-        exe = lowered.compile()
-        compile_s = time.perf_counter() - t0
-        mem = exe.memory_analysis()
-        stats = devices[0].memory_stats() or {}
-        if mem is not None and "bytes_limit" in stats:
-            need = (
-                mem.argument_size_in_bytes
-                + mem.output_size_in_bytes
-                + mem.temp_size_in_bytes
-                - mem.alias_size_in_bytes
-            )
-            if need > stats["bytes_limit"]:
-                return does_not_fit(size, batch, need, stats["bytes_limit"])
-        params, opt_state, metrics = exe(params, model_vars, opt_state, batch_arrays, steps[0])
-        first_loss = float(metrics["loss"].block_until_ready())  # the warm-up step
-        times = []
-        for step in steps[1:]:
-            t0 = time.perf_counter()
-            params, opt_state, metrics = exe(params, model_vars, opt_state, batch_arrays, step)
-            metrics["loss"].block_until_ready()
-            times.append(time.perf_counter() - t0)
-        profile_dir = os.environ.get(PROFILE_ENV)
-        if profile_dir:  # a device trace of 3 more steps, after the timing
-            where = os.path.join(profile_dir, f"{size}-{config.model.dtype}")
-            with jax.profiler.trace(where, create_perfetto_trace=True):
-                for step in range(len(steps), len(steps) + 3):
-                    params, opt_state, metrics = exe(
-                        params, model_vars, opt_state, batch_arrays, jnp.int32(step)
-                    )
-                metrics["loss"].block_until_ready()
+        timed = _compile_and_time(prep, config, size, batch, repeats)
     except Exception as e:  # XLA's out-of-memory errors are runtime errors with this text
         if "RESOURCE_EXHAUSTED" not in str(e) and "out of memory" not in str(e).lower():
             raise
         return does_not_fit(size, batch, None, None, str(e).splitlines()[0][:300])
+    if timed.get("does_not_fit"):
+        return timed
 
-    shapes = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in local.items()}
+    shapes = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in prep.local.items()}
     t0 = time.perf_counter()
-    flops = step_lib.step_flops(config, VOCAB, BLANK_ID, shapes)
+    flops = flops_lib.step_flops(config, VOCAB, BLANK_ID, shapes)
     flops_s = time.perf_counter() - t0
-    last_loss = float(metrics["loss"])
+    times, mem = timed["times"], timed["mem"]
     row = {
         "model": size,
         "device": devices[0].device_kind,
         "dtype": dtype,
         "num_devices": len(devices),
-        "params_m": num_params / 1e6,
+        "params_m": prep.num_params / 1e6,
         "batch": batch,
         "seconds": seconds,
-        "label_width": int(local["labels"].shape[1]),
+        "label_width": int(prep.local["labels"].shape[1]),
         "repeats": repeats,
         "step_ms": 1e3 * float(np.median(times)),
         "step_ms_min": 1e3 * float(np.min(times)),
         "step_ms_max": 1e3 * float(np.max(times)),
         "model_gflop_per_step": flops / 1e9,
-        "init_s": init_s,
-        "compile_s": compile_s,
+        "init_s": prep.init_s,
+        "compile_s": timed["compile_s"],
         "flop_count_s": flops_s,
-        "loss_first": first_loss,
-        "loss_last": last_loss,
+        "loss_first": timed["loss_first"],
+        "loss_last": timed["loss_last"],
     }
     if mem is not None:
         row["xla_argument_mib"] = mem.argument_size_in_bytes / 2**20
@@ -422,6 +234,108 @@ def _measure(config, size: str, dtype: str, batch: int, seconds: float, repeats:
     if stats and "peak_bytes_in_use" in stats:
         row["peak_bytes_in_use_mib"] = stats["peak_bytes_in_use"] / 2**20
     return row
+
+
+def _initialize(config, devices: list, batch: int, seconds: float) -> types.SimpleNamespace:
+    """The train loop's state on a mesh of `devices` (parameters created on their shards,
+    feature statistics, AdamW, step 0) with its shardings, the synthetic batch on the mesh
+    and the jitted step."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from jaxspeech.parallel import mesh as mesh_lib
+    from jaxspeech.training import optim
+    from jaxspeech.training import state as state_lib
+    from jaxspeech.training import step as step_lib
+
+    mesh = build.mesh_from_config(config, devices=devices)
+    spec = build.abstract_model(config, VOCAB, mesh)
+    p_shard, v_shard = spec.param_shardings, spec.var_shardings
+    t0 = time.perf_counter()  # the parameters alone, created on their shards
+    params = jax.block_until_ready(build.init_params(config, VOCAB, spec, config.seed))
+    init_s = time.perf_counter() - t0
+    num_params = sum(int(x.size) for x in jax.tree.leaves(params))
+    f = config.features.num_mel_bins
+    cmvn = build.feature_stats(np.full(f, -5.0, np.float32), np.full(f, 3.0, np.float32))
+    model_vars = jax.device_put(cmvn, v_shard)
+    tx, _ = optim.make_optimizer(config.optim, int(config.train.num_steps))
+    opt_state, o_shard = state_lib.init_opt_state(tx, params, mesh, p_shard)
+    replicated = NamedSharding(mesh, PartitionSpec())
+    train_state = state_lib.TrainState(
+        jax.device_put(jnp.int32(0), replicated), params, model_vars, opt_state
+    )
+    shardings = state_lib.TrainState(replicated, p_shard, v_shard, o_shard)
+    local = make_batch(
+        batch, seconds, label_width=label_width(seconds, config.data.max_tokens_per_second)
+    )
+    batch_arrays = mesh_lib.host_to_global(mesh, local)
+    train_step = jax.jit(
+        step_lib.make_train_step(spec.graphdef, tx, config.seed, BLANK_ID, config.loss),
+        in_shardings=(shardings, batch_lib.batch_shardings(mesh)),
+        out_shardings=(shardings, None),
+        donate_argnums=(0,),
+    )
+    return types.SimpleNamespace(
+        devices=devices,
+        mesh=mesh,
+        train_state=train_state,
+        local=local,
+        batch_arrays=batch_arrays,
+        train_step=train_step,
+        init_s=init_s,
+        num_params=num_params,
+    )
+
+
+def _compile_and_time(
+    prep: types.SimpleNamespace, config, size: str, batch: int, repeats: int
+) -> dict:
+    """Compiles the step ahead of time, runs a warm-up step (step 0) and `repeats` timed
+    ones (the train state fed back, its step advancing), then traces 3 more under
+    --profile; a plan above the device's memory limit returns `does_not_fit` instead."""
+    import jax
+
+    devices, batch_arrays = prep.devices, prep.batch_arrays
+    state, prep.train_state = prep.train_state, None  # donated to the first step
+    t0 = time.perf_counter()
+    with jax.set_mesh(prep.mesh):  # as the train loop: logical-axis constraints take effect
+        lowered = prep.train_step.lower(state, batch_arrays)
+    exe = lowered.compile()
+    compile_s = time.perf_counter() - t0
+    mem = exe.memory_analysis()
+    stats = devices[0].memory_stats() or {}
+    if mem is not None and "bytes_limit" in stats:
+        need = (
+            mem.argument_size_in_bytes
+            + mem.output_size_in_bytes
+            + mem.temp_size_in_bytes
+            - mem.alias_size_in_bytes
+        )
+        if need > stats["bytes_limit"]:
+            return does_not_fit(size, batch, need, stats["bytes_limit"])
+    state, metrics = exe(state, batch_arrays)
+    first_loss = float(metrics["loss"].block_until_ready())  # the warm-up step
+    times = []
+    for _ in range(repeats):  # steps 1 .. repeats
+        t0 = time.perf_counter()
+        state, metrics = exe(state, batch_arrays)
+        metrics["loss"].block_until_ready()
+        times.append(time.perf_counter() - t0)
+    profile_dir = os.environ.get(PROFILE_ENV)
+    if profile_dir:  # a device trace of 3 more steps, after the timing
+        where = os.path.join(profile_dir, f"{size}-{config.model.dtype}")
+        with jax.profiler.trace(where, create_perfetto_trace=True):
+            for _ in range(3):
+                state, metrics = exe(state, batch_arrays)
+            metrics["loss"].block_until_ready()
+    return {
+        "compile_s": compile_s,
+        "mem": mem,
+        "times": times,
+        "loss_first": first_loss,
+        "loss_last": float(metrics["loss"]),
+    }
 
 
 def does_not_fit(
@@ -441,10 +355,7 @@ def does_not_fit(
 def run_worker(what: list[str]) -> dict:
     """Runs this script as a worker (`--worker ...`) and returns the JSON it prints last."""
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", *what]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
-    if proc.returncode != 0:
-        raise RuntimeError(f"worker {what} failed:\n{proc.stderr[-4000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return workers.last_json_line(cmd, 3600, f"worker {what}", 4000)
 
 
 # ------------------------------------------------------------------------------------
@@ -475,7 +386,7 @@ def print_table(rows: list[dict]) -> None:
 
 def run(args: argparse.Namespace) -> dict:
     t_start = time.perf_counter()
-    load_at_start = round(os.getloadavg()[0], 2)
+    load_at_start = environment.load_avg_1m()
     info = run_worker(["probe", "1" if not args.peak_tflops else "0"])
     accelerator = info["platform"] != "cpu"
     plan = settings(
@@ -497,34 +408,9 @@ def run(args: argparse.Namespace) -> dict:
             info.get("matmul_flops_per_s"),
         )
         sources.add(source)
-        batch = plan["batch"]
-        while True:
-            row = run_worker(
-                [f"{size}:{dtype}", str(batch), str(plan["seconds"]), str(plan["repeats"])]
-                + args.set
-            )
-            if not row.get("does_not_fit"):
-                break
-            # Only a default batch is reduced: an explicit --batch is measured or reported.
-            smaller = None if args.batch else smaller_batch(batch, info["device_count"])
-            why = (
-                f"plan {row['plan_mib']:.0f} MiB > {row['limit_mib']:.0f} MiB"
-                if row["plan_mib"] is not None
-                else row["error"]
-            )
-            print(
-                f"{size} {dtype}: batch {batch} does not fit in device memory ({why})"
-                + (f"; trying batch {smaller}" if smaller else "; skipped"),
-                flush=True,
-            )
-            row |= {"dtype": dtype}
-            skipped.append(row)
-            if smaller is None:
-                break
-            batch = smaller
-        if row.get("does_not_fit"):
+        row = run_model(args, plan, info["device_count"], size, dtype, skipped)
+        if row is None:
             continue
-        row["batch_reduced_from"] = plan["batch"] if batch != plan["batch"] else None
         row |= rates(
             row["model_gflop_per_step"] * 1e9,
             row["step_ms"] / 1e3,
@@ -548,9 +434,9 @@ def run(args: argparse.Namespace) -> dict:
         "device_kind": info["device_kind"],
         "device_count": info["device_count"],
         "cpu_count": os.cpu_count(),
-        "machine": platform.processor() or platform.machine(),
+        "machine": environment.machine(),
         "jax": info["jax"],
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "date": environment.utc_date(),
         "load_avg_1m_at_start": load_at_start,
         "quick": args.quick,
         "overrides": args.set,
@@ -562,14 +448,63 @@ def run(args: argparse.Namespace) -> dict:
             if "matmul_flops_per_s" in info
             else None
         ),
-        "flops_method": "jaxspeech.step.step_flops (layers and joiner chunks unrolled)",
+        "flops_method": "jaxspeech.training.flops.step_flops (layers and joiner chunks unrolled)",
         "goal": goal,
         "rows": rows,
         # Batches that did not fit in device memory (plan: XLA's, vs memory_stats' limit).
         "does_not_fit": skipped,
     }
+    print_summary(result, rows, goal)
+    result["wall_s"] = round(time.perf_counter() - t_start, 1)
+    print(f"total {result['wall_s']:.0f} s")
+    results.save_result(args.out, result)
+    return result
+
+
+def run_model(
+    args: argparse.Namespace,
+    plan: dict,
+    device_count: int,
+    size: str,
+    dtype: str,
+    skipped: list[dict],
+) -> dict | None:
+    """One model's row from a worker; a default batch that does not fit in device memory
+    is halved until it fits (each attempt appended to `skipped`); None if none fits."""
+    batch = plan["batch"]
+    while True:
+        row = run_worker(
+            [f"{size}:{dtype}", str(batch), str(plan["seconds"]), str(plan["repeats"])] + args.set
+        )
+        if not row.get("does_not_fit"):
+            break
+        # Only a default batch is reduced: an explicit --batch is measured or reported.
+        smaller = None if args.batch else smaller_batch(batch, device_count)
+        why = (
+            f"plan {row['plan_mib']:.0f} MiB > {row['limit_mib']:.0f} MiB"
+            if row["plan_mib"] is not None
+            else row["error"]
+        )
+        print(
+            f"{size} {dtype}: batch {batch} does not fit in device memory ({why})"
+            + (f"; trying batch {smaller}" if smaller else "; skipped"),
+            flush=True,
+        )
+        row |= {"dtype": dtype}
+        skipped.append(row)
+        if smaller is None:
+            break
+        batch = smaller
+    if row.get("does_not_fit"):
+        return None
+    row["batch_reduced_from"] = plan["batch"] if batch != plan["batch"] else None
+    return row
+
+
+def print_summary(result: dict, rows: list[dict], goal: str) -> None:
+    """The device and peak lines, the table, the reduced batches and the goal."""
     print()
-    print(f"{result['device']} x {info['device_count']}, jax {info['jax']}", end="")
+    print(f"{result['device']} x {result['device_count']}, jax {result['jax']}", end="")
     print(f", peak: {result['peak_source']}")
     if result["measured_matmul"]:
         m = result["measured_matmul"]
@@ -584,13 +519,6 @@ def run(args: argparse.Namespace) -> dict:
                 f"{r['model']}: batch {r['batch_reduced_from']} did not fit; measured {r['batch']}"
             )
     print(goal)
-    result["wall_s"] = round(time.perf_counter() - t_start, 1)
-    print(f"total {result['wall_s']:.0f} s")
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
-    print(f"wrote {args.out}")
-    return result
 
 
 def main(argv: list[str] | None = None) -> dict | None:

@@ -37,7 +37,7 @@ from typing import Any
 import apache_beam as beam
 import numpy as np
 
-from data_prep.prepare import pipeline_options
+from data_prep.runner import pipeline_options
 from jaxspeech.data import reader as reader_lib
 from jaxspeech.data import records
 
@@ -74,7 +74,11 @@ def check_record(data: bytes, expected_duration: float | None, sample_rate: int)
 
 
 def verify_shard(
-    path: str, expected: int, durations: list[float], sample_rate: int, retry=None
+    path: str,
+    expected: int,
+    durations: list[float],
+    sample_rate: int,
+    retry: reader_lib.RetryPolicy | None = None,
 ) -> dict[str, Any]:
     """Every record of one shard checked.
 

@@ -1,5 +1,6 @@
 """What every entry point does the same way: parse flags with config mistakes as one
-line, join a multi-host job, and turn failures into messages and exit codes.
+line, join a multi-host job, turn failures into messages and exit codes, and the decoding
+flags of the commands that decode a run. Only entry points import this module.
 
 Exit codes: 2 a user mistake (`UserError`, bad command line), 3 training diverged,
 4 a process of a multi-process job stopped (usually because a peer died).
@@ -15,6 +16,7 @@ from collections.abc import Callable
 import jax
 from absl import flags
 
+from jaxspeech.decoding import search
 from jaxspeech.errors import TrainingDiverged, UserError
 from jaxspeech.parallel import mesh as mesh_lib
 
@@ -79,3 +81,60 @@ def run_job(fn: Callable[[], object]) -> None:
         )
         sys.stdout.flush()
         os._exit(4)
+
+
+def define_decoding_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
+    """The decoding flags of the commands that decode a run (evaluate, transcribe); each
+    defaults to the run's config.decoding."""
+    flags.DEFINE_enum(
+        "method",
+        None,
+        list(search.DECODERS),
+        "Decoder (default: the run's decoding.method).",
+        flag_values=fv,
+    )
+    flags.DEFINE_integer(
+        "beam", None, "Beam size of ctc_beam / rnnt_beam (default: the run's).", flag_values=fv
+    )
+    flags.DEFINE_string(
+        "lm",
+        None,
+        "ARPA/KenLM n-gram LM fused into ctc_beam / rnnt_beam (python -m data_prep.lm); "
+        "'' for none (default: the run's decoding.lm_path).",
+        flag_values=fv,
+    )
+    flags.DEFINE_float(
+        "lm_weight", None, "LM weight (default: the run's decoding.lm_weight).", flag_values=fv
+    )
+    flags.DEFINE_float(
+        "word_bonus",
+        None,
+        "Score added per word with an LM (default: the run's decoding.word_bonus).",
+        flag_values=fv,
+    )
+    flags.DEFINE_bool(
+        "streaming",
+        None,
+        "Decode chunk by chunk through the model's stream functions (a streaming "
+        "Conformer; default: the run's decoding.streaming).",
+        flag_values=fv,
+    )
+    flags.DEFINE_integer(
+        "chunk_size",
+        None,
+        "Attention chunk (encoder frames) to decode a chunked Conformer with, e.g. one "
+        "trained with dynamic chunks (0: full context; default: the run's).",
+        flag_values=fv,
+    )
+
+
+def decoding_overrides(fv: flags.FlagValues = flags.FLAGS) -> dict:
+    """The decoding flags as `jaxspeech.evaluation.run.run_eval_config`'s `decoding`
+    overrides (None: the run's)."""
+    return {
+        "lm_path": fv.lm,
+        "lm_weight": fv.lm_weight,
+        "word_bonus": fv.word_bonus,
+        "streaming": fv.streaming,
+        "chunk_size": fv.chunk_size,
+    }

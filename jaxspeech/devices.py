@@ -25,6 +25,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from ml_collections import ConfigDict, config_flags
 
 from jaxspeech import cli
+from jaxspeech.config import build
 from jaxspeech.errors import UserError
 from jaxspeech.parallel import mesh as mesh_lib
 
@@ -74,10 +75,9 @@ def _device_of(sharding: NamedSharding, index: tuple) -> jax.Device:
 
 def describe_config_mesh(config: ConfigDict) -> str:
     """The mesh `config.mesh` builds on this job's devices, axis by axis."""
-    from jaxspeech import state as state_lib  # the model stack only when asked for
 
     try:
-        mesh = state_lib.mesh_from_config(config)
+        mesh = build.mesh_from_config(config)
     except mesh_lib.MeshConfigError as e:
         raise UserError(str(e)) from e
     return "mesh: " + ", ".join(f"{k}={v}" for k, v in mesh.shape.items())

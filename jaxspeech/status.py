@@ -17,41 +17,15 @@ from __future__ import annotations
 
 import sys
 
-from jaxspeech import monitor
-
-# The events that start or end an invocation, mapped to the state they leave the run in.
-LIFECYCLE = {
-    "started": "running",
-    "resumed": "running",
-    "preempted": "preempted",
-    "stopped": "stopped",
-    "finished": "finished",
-}
-
-
-def run_status(workdir: str) -> dict:
-    """{"state": ..., "step": int | None, **the last lifecycle event's other fields}."""
-    last = None
-    for event in monitor.read_events(workdir):
-        if event.get("event") in LIFECYCLE:
-            last = event
-    if last is None:
-        return {"state": "none", "step": None}
-    extra = {k: v for k, v in last.items() if k not in ("event", "time", "step")}
-    return {"state": LIFECYCLE[last["event"]], "step": last.get("step")} | extra
-
-
-def describe(status: dict) -> str:
-    """`state=<state> step=<step> key=value ...`: one line, easy to grep."""
-    return " ".join(f"{k}={v}" for k, v in status.items())
+from jaxspeech.runs import status as status_lib
 
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2 or argv[1].startswith("-"):
         print("usage: python -m jaxspeech.status RUN", file=sys.stderr)
         return 2
-    status = run_status(argv[1])
-    print(describe(status), flush=True)
+    status = status_lib.run_status(argv[1])
+    print(status_lib.describe(status), flush=True)
     return 0 if status["state"] == "finished" else 1
 
 

@@ -7,7 +7,7 @@ the training utterances within ~40 steps; one whose encoder stopped carrying the
 (the blank plateau) stays at the labels' prior. The utterances are few and fixed, so a
 transducer's predictor can memorize their label sequences without listening: the pressure
 that flattened the demo's encoder when the transducer taught it before CTC had found any
-alignment (jaxspeech.step.transducer_encoder_scale).
+alignment (jaxspeech.training.step.transducer_encoder_scale).
 """
 
 from __future__ import annotations
@@ -19,13 +19,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from configs import demo
-from jaxspeech import state as state_lib
-from jaxspeech import step as step_lib
 from jaxspeech.audio import features
+from jaxspeech.config import build
 from jaxspeech.decoding import ctc as ctc_decoding
 from jaxspeech.decoding import rnnt as rnnt_decoding
 from jaxspeech.metrics import wer as wer_lib
 from jaxspeech.parallel import rules
+from jaxspeech.training import batch as batch_lib
+from jaxspeech.training import state as state_lib
+from jaxspeech.training import step as step_lib
 
 SAMPLE_RATE = 16000
 TONES = 7  # labels 1..7; 0 is the blank
@@ -94,50 +96,42 @@ class Learned:
 def train(config, batch: dict, mesh=None) -> Learned:
     """Trains `config` on `batch` (every step the same rows) with the train step of
     `config.sync` on `mesh` (default: one device), then decodes the rows greedily."""
-    mesh = mesh or state_lib.mesh_from_config(config, devices=jax.devices()[:1])
+    mesh = mesh or build.mesh_from_config(config, devices=jax.devices()[:1])
     # Feature statistics of the batch itself, as data_prep computes them for a corpus.
-    cfg = state_lib.feature_config(config)
+    cfg = build.feature_config(config)
     feats = np.asarray(features.log_mel(jnp.asarray(batch["audio"]), cfg))
     frames = features.num_frames(batch["audio_len"], cfg.hop_length)
     valid = np.concatenate([f[:n] for f, n in zip(feats, frames)])
     # Built outside the mesh context (Flax would read logical axis names as mesh axes),
     # traced inside it, as the trainer does.
-    with rules.axis_rules(state_lib.rules_from_config(config)):
-        ts = state_lib.init_train_state(config, VOCAB, mesh, valid.mean(0), valid.std(0) + 1e-3)
-        fn = step_lib.make_sync_train_step(
-            ts.spec.graphdef,
-            ts.tx,
-            config.seed,
-            0,
-            config.loss,
-            ts.strategy,
-            ts.spec.param_shardings,
+    with rules.axis_rules(build.rules_from_config(config)):
+        state, setup = state_lib.init_train_state(
+            config, VOCAB, mesh, valid.mean(0), valid.std(0) + 1e-3
         )
-        shard = step_lib.batch_shardings(mesh)
-        step = step_lib.jit_sync_train_step(ts, fn, shard)
+        shard = batch_lib.batch_shardings(mesh)
+        step = step_lib.jit_train_step(setup, step_lib.setup_train_step(setup, config, 0), shard)
         arrays = {k: jax.device_put(v, shard[k]) for k, v in batch.items()}
-        params, opt, sync_state, history = ts.params, ts.opt_state, ts.sync_state, []
+        history = []
         with jax.set_mesh(mesh):
-            for i in range(int(config.train.num_steps)):
-                params, opt, sync_state, m = step(
-                    params, ts.model_vars, opt, sync_state, arrays, jnp.int32(i)
-                )
+            for _ in range(int(config.train.num_steps)):
+                state, m = step(state, arrays)
                 history.append({k: float(v) for k, v in m.items() if k.startswith("loss_")})
-            ts.params, ts.sync_state = params, sync_state
-            hyps = decode(config, ts, batch)
+            hyps = decode(setup, state, batch)
     refs = [list(r[:n]) for r, n in zip(batch["labels"], batch["label_len"])]
     errors = sum(wer_lib.edit_distance(r, h) for r, h in zip(refs, hyps))
     mean = lambda rows: {k: float(np.mean([r[k] for r in rows])) for k in rows[0]}  # noqa: E731
     return Learned(mean(history[:5]), mean(history[-5:]), hyps, refs, errors / sum(map(len, refs)))
 
 
-def decode(config, ts: state_lib.TrainState, batch: dict) -> list[list[int]]:
+def decode(
+    setup: state_lib.TrainSetup, state: state_lib.TrainState, batch: dict
+) -> list[list[int]]:
     """Greedy transcripts of the batch's rows by the run's model (the learners' mean under
     gossip): RNN-T greedy search when the model has a transducer, else CTC."""
     from flax import nnx
 
-    params = ts.model_params()
-    model = nnx.merge(ts.spec.graphdef, params, ts.model_vars)
+    params = setup.model_params(state)
+    model = nnx.merge(setup.spec.graphdef, params, state.model_vars)
     enc, lengths = model(jnp.asarray(batch["audio"]), jnp.asarray(batch["audio_len"]))
     if model.transducer is None:
         ids = ctc_decoding.greedy_ids(model.ctc_logits(enc))

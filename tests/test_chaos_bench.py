@@ -1,21 +1,15 @@
-"""benchmarks/chaos.py: progress lines and lifecycle events, disruption planning, the loss
-accounting and the bitwise comparison (pure helpers; the chaos run itself is
-tests/e2e/test_chaos.py)."""
+"""benchmarks/chaos.py's library (benchmarks/lib): progress lines and lifecycle events
+(run_record), disruption planning (disruptions), the loss accounting (run_record), the
+bitwise comparison (resume_check) and the trainer's command line (trainer_process); pure
+helpers; the chaos run itself is tests/e2e/test_chaos.py."""
 
-import importlib.util
-import os
 import random
 
 import numpy as np
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_spec = importlib.util.spec_from_file_location(
-    "chaos_benchmark", os.path.join(ROOT, "benchmarks", "chaos.py")
-)
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
-
+from benchmarks.lib import disruptions, resume_check, run_record, trainer_process
+from jaxspeech.runs import events
 
 PROGRESS = (
     "[#####...............]  25% 4/16 | 5.18 steps/s | ETA 2s | loss 3.978 (utt 217.5) | "
@@ -24,8 +18,10 @@ PROGRESS = (
 
 
 def test_parse_progress_reads_only_the_progress_lines():
-    assert bench.parse_progress(PROGRESS) == (4, 16)
-    assert bench.parse_progress("[####################] 100% 16/16 | 11.79 steps/s | ETA 0s") == (
+    assert run_record.parse_progress(PROGRESS) == (4, 16)
+    assert run_record.parse_progress(
+        "[####################] 100% 16/16 | 11.79 steps/s | ETA 0s"
+    ) == (
         16,
         16,
     )
@@ -43,7 +39,7 @@ def test_parse_progress_reads_only_the_progress_lines():
         "model: conformer encoder, ctc head, float32 compute, float32 parameters",
         "",
     ):
-        assert bench.parse_progress(other) is None
+        assert run_record.parse_progress(other) is None
 
 
 def _events(*rows):
@@ -57,7 +53,7 @@ CORRUPT = (
 
 
 def test_events_fill_the_run_record():
-    run = bench.new_run_record(100.0)
+    run = run_record.new_run_record(100.0)
     for ev in _events(
         ("checkpoint_corrupt", 101.0, {"message": CORRUPT}),
         ("resumed", 102.5, {"step": 4, "seconds": 2.125}),
@@ -68,7 +64,7 @@ def test_events_fill_the_run_record():
         ("checkpoint_committed", 111.9, {"step": 9}),
         ("preempted", 112.0, {"step": 9}),
     ):
-        bench.apply_event(run, ev)
+        run_record.apply_event(run, ev)
     assert (run["start_step"], run["training_t"]) == (4, 103.0)
     assert (run["resumed_step"], run["restore_s"]) == (4, 2.125)
     assert run["saves"] == [[8, 10.25], [9, 11.5]]  # seconds after the process started
@@ -77,52 +73,51 @@ def test_events_fill_the_run_record():
     assert run["preempted"] == 9 and run["last_step"] == 9  # the step it stopped after
     assert run["finished"] is None
     # The step of a `checkpoint_corrupt` event: its own field when it has one.
-    assert bench.corrupt_step({"event": "checkpoint_corrupt", "step": 12, "message": ""}) == 12
-    assert bench.corrupt_step({"event": "checkpoint_corrupt", "message": "odd"}) is None
+    assert run_record.corrupt_step({"event": "checkpoint_corrupt", "step": 12, "message": ""}) == 12
+    assert run_record.corrupt_step({"event": "checkpoint_corrupt", "message": "odd"}) is None
 
-    fresh = bench.new_run_record(0.0)
+    fresh = run_record.new_run_record(0.0)
     for ev in _events(
         ("started", 5.0, {"step": 0, "stop": 16, "num_steps": 16, "processes": 1}),
         ("finished", 9.0, {"step": 16}),
         ("evaluated", 9.5, {"step": 16, "split": "dev", "wer": 0.5, "cer": 0.1}),  # ignored
     ):
-        bench.apply_event(fresh, ev)
+        run_record.apply_event(fresh, ev)
     assert (fresh["start_step"], fresh["resumed_step"], fresh["restore_s"]) == (0, None, None)
     assert fresh["finished"] == 16 and fresh["last_step"] is None
 
 
 def test_progress_lines_time_the_steps():
-    run = bench.new_run_record(100.0)
+    run = run_record.new_run_record(100.0)
     for step, t in ((5, 130.0), (6, 130.2), (6, 131.0), (4, 131.2)):  # a repeated, a late line
-        bench.apply_progress(run, step, t)
+        run_record.apply_progress(run, step, t)
     assert run["step_t"] == {5: 130.0, 6: 130.2, 4: 131.2}
     assert run["first_step_t"] == 130.0 and run["last_step"] == 6
-    bench.apply_event(run, {"event": "preempted", "time": 132.0, "step": 7})
+    run_record.apply_event(run, {"event": "preempted", "time": 132.0, "step": 7})
     assert run["last_step"] == 7
 
 
 def test_fires():
-    assert not bench.fires(None, progress=5)
-    assert bench.fires(("sigkill_step", 5), progress=5)
-    assert bench.fires(["sigterm_step", 5], progress=5)
-    assert not bench.fires(("sigterm_step", 5), progress=4)
-    assert not bench.fires(("sigkill_step", 8), saved=8)  # a step kill waits for the step
-    assert bench.fires(("sigkill_save", 8), saved=8)  # the `checkpoint_saved` event of 8
-    assert not bench.fires(("sigkill_save", 8), progress=8)  # not the step's progress line
-    assert not bench.fires(("sigkill_save", 8), saved=4)
+    assert not disruptions.fires(None, progress=5)
+    assert disruptions.fires(("sigkill_step", 5), progress=5)
+    assert disruptions.fires(["sigterm_step", 5], progress=5)
+    assert not disruptions.fires(("sigterm_step", 5), progress=4)
+    assert not disruptions.fires(("sigkill_step", 8), saved=8)  # a step kill waits for the step
+    assert disruptions.fires(("sigkill_save", 8), saved=8)  # the `checkpoint_saved` event of 8
+    assert not disruptions.fires(("sigkill_save", 8), progress=8)  # not the step's progress line
+    assert not disruptions.fires(("sigkill_save", 8), saved=4)
 
 
 def test_event_follower_reads_only_this_runs_new_events(tmp_path):
-    from jaxspeech import monitor
 
     workdir = str(tmp_path / "run")
-    first = monitor.EventLog(workdir)  # an earlier (killed) run of the same directory
+    first = events.EventLog(workdir)  # an earlier (killed) run of the same directory
     first.write("started", step=0, stop=16, num_steps=16, processes=1)
     first.write("checkpoint_saved", step=4, reason="every 4 steps")
     first.close()
-    follower = bench.EventFollower(workdir)
+    follower = run_record.EventFollower(workdir)
     assert follower.poll() == []
-    second = monitor.EventLog(workdir)  # the restart appends to the same file
+    second = events.EventLog(workdir)  # the restart appends to the same file
     second.write("resumed", step=4, seconds=1.5)
     assert [e["event"] for e in follower.poll()] == ["resumed"]
     second.write("started", step=4, stop=16, num_steps=16, processes=1)
@@ -131,44 +126,46 @@ def test_event_follower_reads_only_this_runs_new_events(tmp_path):
     assert [(e["event"], e["step"]) for e in got] == [("started", 4), ("checkpoint_saved", 8)]
     assert follower.poll() == []
     second.close()
-    assert bench.EventFollower(str(tmp_path / "none")).poll() == []  # no file yet
+    assert run_record.EventFollower(str(tmp_path / "none")).poll() == []  # no file yet
 
 
 def test_plan_kinds():
-    assert bench.plan_kinds(0, 0) == []
-    assert bench.plan_kinds(1, 5) == ["sigkill_save"]
-    assert sorted(bench.plan_kinds(2, 5)) in (sorted(["sigkill_save", k]) for k in bench.KINDS)
+    assert disruptions.plan_kinds(0, 0) == []
+    assert disruptions.plan_kinds(1, 5) == ["sigkill_save"]
+    assert sorted(disruptions.plan_kinds(2, 5)) in (
+        sorted(["sigkill_save", k]) for k in disruptions.KINDS
+    )
     for seed in range(20):
-        three = bench.plan_kinds(3, seed)
-        assert sorted(three) == sorted(bench.KINDS)  # one of each
-        eight = bench.plan_kinds(8, seed)
-        assert len(eight) == 8 and set(eight) == set(bench.KINDS)
-        assert eight == bench.plan_kinds(8, seed)  # seeded
-    assert len({tuple(bench.plan_kinds(8, s)) for s in range(20)}) > 1
+        three = disruptions.plan_kinds(3, seed)
+        assert sorted(three) == sorted(disruptions.KINDS)  # one of each
+        eight = disruptions.plan_kinds(8, seed)
+        assert len(eight) == 8 and set(eight) == set(disruptions.KINDS)
+        assert eight == disruptions.plan_kinds(8, seed)  # seeded
+    assert len({tuple(disruptions.plan_kinds(8, s)) for s in range(20)}) > 1
 
 
 def test_windows_spread_over_the_run():
     # 40 steps, 8 disruptions: eight slices of 1..39, from run starts that did not move.
-    spans = [bench.window(i, 8, 0, 40) for i in range(8)]
+    spans = [disruptions.window(i, 8, 0, 40) for i in range(8)]
     assert spans == [(1, 4), (5, 9), (10, 14), (15, 19), (20, 24), (25, 29), (30, 34), (35, 39)]
-    assert [bench.window(i, 3, 0, 16) for i in range(3)] == [(1, 5), (6, 10), (11, 15)]
+    assert [disruptions.window(i, 3, 0, 16) for i in range(3)] == [(1, 5), (6, 10), (11, 15)]
     # A run that resumed past its slice strikes right after its start, never at S ...
-    assert bench.window(1, 3, 12, 16) == (13, 13)
-    assert bench.window(2, 3, 14, 16) == (15, 15)
-    assert bench.window(2, 3, 15, 16) is None
+    assert disruptions.window(1, 3, 12, 16) == (13, 13)
+    assert disruptions.window(2, 3, 14, 16) == (15, 15)
+    assert disruptions.window(2, 3, 15, 16) is None
     # ... and one that went back still waits for its own slice.
-    assert bench.window(3, 8, 4, 40) == (15, 19)
+    assert disruptions.window(3, 8, 4, 40) == (15, 19)
 
 
-@pytest.mark.parametrize("kind", bench.KINDS)
+@pytest.mark.parametrize("kind", disruptions.KINDS)
 def test_choose_trigger_makes_progress_and_leaves_room(kind):
     steps, every, total = 40, 4, 8
     for seed in range(30):
         rng = random.Random(seed)
         for start in (0, 3, 4, 17, 30, 35, 37):
             for index in range(total):
-                got = bench.choose_trigger(kind, start, steps, every, index, total, rng)
-                lo, hi = bench.window(index, total, start, steps)
+                got = disruptions.choose_trigger(kind, start, steps, every, index, total, rng)
+                lo, hi = disruptions.window(index, total, start, steps)
                 assert got is not None
                 k, step = got
                 assert start < step <= steps - 1  # past the resume step, before the end
@@ -182,13 +179,13 @@ def test_choose_trigger_makes_progress_and_leaves_room(kind):
 
 def test_choose_trigger_edges():
     rng = random.Random(0)
-    assert bench.choose_trigger("sigkill_step", 15, 16, 4, 2, 3, rng) is None  # no step left
-    assert bench.choose_trigger("sigterm_step", 14, 16, 4, 2, 3, rng) == ("sigterm_step", 15)
+    assert disruptions.choose_trigger("sigkill_step", 15, 16, 4, 2, 3, rng) is None  # no step left
+    assert disruptions.choose_trigger("sigterm_step", 14, 16, 4, 2, 3, rng) == ("sigterm_step", 15)
     # No save of the schedule left before step 16: a plain kill instead.
-    assert bench.choose_trigger("sigkill_save", 13, 16, 4, 2, 3, rng)[0] == "sigkill_step"
+    assert disruptions.choose_trigger("sigkill_save", 13, 16, 4, 2, 3, rng)[0] == "sigkill_step"
     # A slice without a multiple of C: the next save after it.
-    assert bench.choose_trigger("sigkill_save", 0, 40, 8, 1, 8, rng) == ("sigkill_save", 8)
-    assert bench.choose_trigger("sigkill_save", 0, 40, 16, 1, 8, rng) == ("sigkill_save", 16)
+    assert disruptions.choose_trigger("sigkill_save", 0, 40, 8, 1, 8, rng) == ("sigkill_save", 8)
+    assert disruptions.choose_trigger("sigkill_save", 0, 40, 16, 1, 8, rng) == ("sigkill_save", 16)
 
 
 def _run(**kw):
@@ -205,20 +202,20 @@ def _run(**kw):
 
 def test_seconds_lost():
     # Resumed from a step this run reached: the time since its progress line.
-    assert bench.seconds_lost(_run(), 8) == pytest.approx(0.9)
+    assert run_record.seconds_lost(_run(), 8) == pytest.approx(0.9)
     # Resumed from the step this run itself started from: since its `started` event
     # (compilation included: all of this run's work was lost).
-    assert bench.seconds_lost(_run(), 4) == pytest.approx(21.5)
-    assert bench.seconds_lost(_run(), 9) == 0.0  # nothing lost
-    assert bench.seconds_lost(_run(signal_t=None), 4) == 0.0  # never signalled
-    assert bench.seconds_lost(_run(), 0) == pytest.approx(31.5)  # before it: the whole run
+    assert run_record.seconds_lost(_run(), 4) == pytest.approx(21.5)
+    assert run_record.seconds_lost(_run(), 9) == 0.0  # nothing lost
+    assert run_record.seconds_lost(_run(signal_t=None), 4) == 0.0  # never signalled
+    assert run_record.seconds_lost(_run(), 0) == pytest.approx(31.5)  # before it: the whole run
 
 
 def test_committed_steps(tmp_path):
-    assert bench.committed_steps(str(tmp_path)) == []
+    assert run_record.committed_steps(str(tmp_path)) == []
     for name in ("4", "12", "8.orbax-checkpoint-tmp-1763826000", "16.orbax-checkpoint-tmp"):
         (tmp_path / "checkpoints" / name).mkdir(parents=True)
-    assert bench.committed_steps(str(tmp_path)) == [4, 12]
+    assert run_record.committed_steps(str(tmp_path)) == [4, 12]
 
 
 def test_summarize():
@@ -230,33 +227,33 @@ def test_summarize():
         {"kind": "sigkill_save", "steps_lost": 4, "seconds_lost": 0.8, "restore_s": 3.0,
          "resumed": 8, "committed": 8, "exit_code": -9},
     ]  # fmt: skip
-    s = bench.summarize(events)
+    s = run_record.summarize(events)
     assert s["max_steps_lost"] == 4 and s["max_seconds_lost"] == 1.5
     assert s["mean_restore_s"] == pytest.approx(2.5)
     assert s["resumed_latest_committed"] and s["sigterm_clean"] and s["kills_during_save"] == 1
     events[1] |= {"steps_lost": 1}
     events[2] |= {"resumed": 4}
-    s = bench.summarize(events)
+    s = run_record.summarize(events)
     assert not s["sigterm_clean"] and not s["resumed_latest_committed"]
-    assert bench.summarize([])["mean_restore_s"] is None
+    assert run_record.summarize([])["mean_restore_s"] is None
 
 
 def test_trees_bitwise_equal():
     a = {"w": np.array([1.0, 0.0, np.nan], np.float32), "b": {"x": np.arange(3)}}
     same = {"w": np.array([1.0, 0.0, np.nan], np.float32), "b": {"x": np.arange(3)}}
-    assert bench.trees_bitwise_equal(a, same) == (True, [])
+    assert resume_check.trees_bitwise_equal(a, same) == (True, [])
     signed = {"w": np.array([1.0, -0.0, np.nan], np.float32), "b": {"x": np.arange(3)}}
-    assert bench.trees_bitwise_equal(a, signed) == (False, ["['w']"])  # -0.0 is other bits
+    assert resume_check.trees_bitwise_equal(a, signed) == (False, ["['w']"])  # -0.0 is other bits
     ulp = {"w": np.nextafter(a["w"], 2, dtype=np.float32), "b": {"x": np.arange(3)}}
-    assert not bench.trees_bitwise_equal(a, ulp)[0]
+    assert not resume_check.trees_bitwise_equal(a, ulp)[0]
     cast = {"w": a["w"].astype(np.float64), "b": {"x": np.arange(3)}}
-    assert bench.trees_bitwise_equal(a, cast)[1] == ["['w']"]
+    assert resume_check.trees_bitwise_equal(a, cast)[1] == ["['w']"]
     extra = same | {"c": np.zeros(1)}
-    assert bench.trees_bitwise_equal(a, extra)[1] == ["['c']"]
+    assert resume_check.trees_bitwise_equal(a, extra)[1] == ["['c']"]
 
 
 def test_train_command_is_the_briefed_one():
-    cmd = bench.train_command("/runs/x", "/data/shards", 16, 4)
+    cmd = trainer_process.train_command("/runs/x", "/data/shards", 16, 4)
     assert cmd[1:4] == ["-u", "-m", "jaxspeech.train"]
     for flag in (
         "--config.train.num_steps=16",

@@ -1,4 +1,4 @@
-"""jaxspeech.checkpoint: the sharding-free content fingerprint (against a numpy
+"""jaxspeech.runs.checkpoint: the sharding-free content fingerprint (against a numpy
 re-implementation), shape checks against Orbax metadata, bitwise restores onto other
 meshes, corrupt-checkpoint fallback, retention, the save schedule, `load_model`,
 `Preemption`; and the train step's skip of non-finite steps."""
@@ -20,12 +20,14 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
 from configs import demo
-from jaxspeech import checkpoint as ckpt_lib
-from jaxspeech import optim
-from jaxspeech import state as state_lib
+from jaxspeech.config import build
 from jaxspeech.parallel import mesh as mesh_lib
-from jaxspeech.state import init_opt_state
-from jaxspeech.step import make_train_step
+from jaxspeech.parallel import rules
+from jaxspeech.runs import checkpoint as ckpt_lib
+from jaxspeech.training import optim
+from jaxspeech.training import state as state_lib
+from jaxspeech.training.state import TrainState, init_opt_state
+from jaxspeech.training.step import make_train_step
 
 VOCAB = 30
 
@@ -209,7 +211,7 @@ def saved_run(tmp_path_factory):
     and host copies of what was saved."""
     config = _tiny_config()
     mesh = _mesh({"data": 1, "fsdp": 8}, 8)
-    spec = state_lib.abstract_model(config, VOCAB, mesh)
+    spec = build.abstract_model(config, VOCAB, mesh)
     abs_params, p_shard, v_shard = spec.params, spec.param_shardings, spec.var_shardings
     # Random values, not the model's init (no compilation): what is saved is any bits.
     rng = np.random.default_rng(3)
@@ -221,7 +223,7 @@ def saved_run(tmp_path_factory):
     params = jax.device_put(jax.tree.map(fill, abs_params), p_shard)
     mel = config.features.num_mel_bins
     model_vars = jax.device_put(
-        state_lib.feature_stats(
+        build.feature_stats(
             fill(jax.ShapeDtypeStruct((mel,), jnp.float32)),
             fill(jax.ShapeDtypeStruct((mel,), jnp.float32)),
         ),
@@ -264,12 +266,12 @@ def saved_run(tmp_path_factory):
 
 def _targets(saved, mesh, config=None):
     config = config or saved["config"]
-    spec = state_lib.abstract_model(config, VOCAB, mesh)
+    spec = build.abstract_model(config, VOCAB, mesh)
     abs_params, abs_vars, p_shard = spec.params, spec.model_vars, spec.param_shardings
     replicated = NamedSharding(mesh, PartitionSpec())
     tx = saved["tx"]
     o_shard = state_lib.opt_shardings(tx, abs_params, mesh, p_shard)
-    abs_opt = ckpt_lib.abstract_like(jax.eval_shape(tx.init, abs_params), o_shard)
+    abs_opt = rules.abstract_like(jax.eval_shape(tx.init, abs_params), o_shard)
     return (
         {"params": abs_params, "model_vars": abs_vars},
         {
@@ -502,7 +504,7 @@ def test_train_step_skips_nonfinite_batch():
     config.specaug.enabled = False  # a smaller program to compile
     config.optim.warmup_steps = 0  # a non-zero learning rate at the first step
     mesh = _mesh({"data": 1}, 1)
-    spec = state_lib.abstract_model(config, VOCAB, mesh)
+    spec = build.abstract_model(config, VOCAB, mesh)
     graphdef, abs_params = spec.graphdef, spec.params
     p_shard, v_shard = spec.param_shardings, spec.var_shardings
     # Small random parameters (norm scales 1) from numpy: the model's truncated-normal
@@ -520,15 +522,15 @@ def test_train_step_skips_nonfinite_batch():
         p_shard,
     )
     mel = config.features.num_mel_bins
-    model_vars = jax.device_put(
-        state_lib.feature_stats(np.full(mel, -5.0), np.full(mel, 3.0)), v_shard
-    )
+    model_vars = jax.device_put(build.feature_stats(np.full(mel, -5.0), np.full(mel, 3.0)), v_shard)
     tx = optim.make_optimizer(config.optim, 10)[0]
     opt_state, o_shard = init_opt_state(tx, params, mesh, p_shard)
+    replicated = NamedSharding(mesh, PartitionSpec())
+    shardings = TrainState(replicated, p_shard, v_shard, o_shard)
     step = jax.jit(
         make_train_step(graphdef, tx, 0, 0, config.loss),
-        in_shardings=(p_shard, v_shard, o_shard, None, None),
-        out_shardings=(p_shard, o_shard, None),
+        in_shardings=(shardings, None),
+        out_shardings=(shardings, None),
     )
     b, s, u = 4, 8000, 5
     batch = {
@@ -543,9 +545,12 @@ def test_train_step_skips_nonfinite_batch():
     bad = dict(batch, audio=batch["audio"].copy())
     bad["audio"][1, 100] = np.nan
     params_np, opt_np = _host(params), _host(opt_state)
+    state = TrainState(jax.device_put(jnp.int32(3), replicated), params, model_vars, opt_state)
     with jax.set_mesh(mesh):
-        p_bad, o_bad, m_bad = step(params, model_vars, opt_state, bad, jnp.int32(3))
-        p_ok, o_ok, m_ok = step(params, model_vars, opt_state, batch, jnp.int32(3))
+        s_bad, m_bad = step(state, bad)
+        s_ok, m_ok = step(state, batch)
+    p_bad, o_bad, p_ok, o_ok = s_bad.params, s_bad.opt_state, s_ok.params, s_ok.opt_state
+    assert int(s_bad.step) == 4  # a skipped step still counts
     assert float(m_bad["nonfinite"]) == 1.0
     _assert_bitwise(p_bad, params_np)
     _assert_bitwise(o_bad, opt_np)

@@ -23,17 +23,18 @@ from absl import flags
 from flax import nnx
 from ml_collections import ConfigDict, config_flags
 
-from jaxspeech import models, state
+from jaxspeech import models
 from jaxspeech.audio import augment
 from jaxspeech.audio.features import LogMelConfig
+from jaxspeech.config import build
 from jaxspeech.data import tokenizer
+from jaxspeech.decoding.search import DECODERS
 from jaxspeech.losses import distill as distill_losses
 from jaxspeech.models import asr
 from jaxspeech.models.conformer import REMAT_POLICIES, ConformerEncoder
 from jaxspeech.models.lstm import LSTMEncoder
 from jaxspeech.models.transducer import PREDICTORS, Transducer
 from jaxspeech.parallel import sync
-from jaxspeech.search import DECODERS
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 DEMO = str(REPO / "configs" / "demo.py")
@@ -63,7 +64,7 @@ def get(config: ConfigDict, key: str):
 
 # Allowed values of the string-valued keys, from the code that reads them.
 STR_CHOICES = {
-    "model.dtype": tuple(state.DTYPES),
+    "model.dtype": tuple(models.DTYPES),
     "model.encoder": tuple(models.ENCODERS),
     "model.head": asr.HEADS,
     "model.conformer.remat": tuple(REMAT_POLICIES),
@@ -299,7 +300,7 @@ def _spy(monkeypatch) -> dict[str, dict]:
 
 def _build(config: ConfigDict, monkeypatch) -> tuple[nnx.Module, dict[str, dict]]:
     calls = _spy(monkeypatch)
-    model = nnx.eval_shape(lambda: state.make_model(config, 10, 0))
+    model = nnx.eval_shape(lambda: build.make_model(config, 10, 0))
     return model, calls
 
 
@@ -458,8 +459,8 @@ def test_remat_full_reaches_the_model():
     in the jaxpr) with remat=full and not by default. That the policies leave losses and
     gradients unchanged is tests/models/test_streaming.py's."""
     config = parse(TINY, "--config.model.conformer.remat=full")
-    model = state.make_model(config, vocab_size=10, seed=0)
-    base = state.make_model(parse(TINY), vocab_size=10, seed=0)
+    model = build.make_model(config, vocab_size=10, seed=0)
+    base = build.make_model(parse(TINY), vocab_size=10, seed=0)
     assert (model.encoder.remat, base.encoder.remat) == ("full", "none")
     audio, lengths = _audio([0.6, 0.45])
     remat_call = r"= (remat\w*|checkpoint)\["
@@ -471,8 +472,8 @@ def test_subsampling_factor_8_reaches_the_model():
     config = parse(TINY, "--config.model.conformer.subsampling_factor=8")
     base_config = parse(TINY)
     assert config.features.hop_length == HOP
-    model = state.make_model(config, vocab_size=10, seed=0)
-    base = state.make_model(base_config, vocab_size=10, seed=0)
+    model = build.make_model(config, vocab_size=10, seed=0)
+    base = build.make_model(base_config, vocab_size=10, seed=0)
     assert model.encoder.subsampling.factor == 8
 
     seconds = [1.0, 0.73]
@@ -500,7 +501,7 @@ def test_streaming_options_reach_the_model():
         "--config.model.conformer.dynamic_chunk=True",
     ]
     config = parse(TINY, *flags_)
-    model = state.make_model(config, vocab_size=10, seed=0)
+    model = build.make_model(config, vocab_size=10, seed=0)
     enc = model.encoder
     assert (enc.causal, enc.chunk_size, enc.left_chunks, enc.dynamic_chunk) == (True, 4, 2, True)
     assert enc.blocks.conv.causal  # the (scanned) blocks' depthwise convolutions
@@ -511,7 +512,7 @@ def test_streaming_options_reach_the_model():
     # audio. The full-context model's frames all change.
     audio, lengths = _audio([1.0, 1.0])
     later = audio.at[:, 8000:].set(jnp.asarray(np.random.default_rng(1).standard_normal(8000)))
-    full = state.make_model(parse(TINY), vocab_size=10, seed=0)
+    full = build.make_model(parse(TINY), vocab_size=10, seed=0)
     out, _ = _forward(model, audio, lengths)
     out_later, _ = _forward(model, later, lengths)
     np.testing.assert_array_equal(out[:, :4], out_later[:, :4])
@@ -531,7 +532,7 @@ def test_streaming_options_reach_the_model():
 
     dyn = train_outputs(model)
     assert any(not np.array_equal(dyn[0], o) for o in dyn[1:])
-    static = state.make_model(
+    static = build.make_model(
         parse(TINY, *flags_[:3], "--config.model.conformer.dynamic_chunk=False"), 10, 0
     )
     fixed = train_outputs(static)

@@ -14,12 +14,13 @@ from flax import nnx
 from ml_collections import ConfigDict
 
 from configs import conformer, demo
-from jaxspeech import search, state
+from jaxspeech.config import build
+from jaxspeech.decoding import search
 
 
 def _num_params(config: ConfigDict, vocab: int) -> int:
     """Trainable parameters of the model `config` builds (shapes only, nothing allocated)."""
-    model = nnx.eval_shape(lambda: state.make_model(config, vocab, 0))
+    model = nnx.eval_shape(lambda: build.make_model(config, vocab, 0))
     return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
 
 

@@ -17,6 +17,7 @@ def test_design_doc_example_trains_one_step(capsys):
     loss = float(capsys.readouterr().out.strip())
     assert np.isfinite(loss) and loss > 0
     assert namespace["mesh"].devices.size == 8  # sharded over every test device
-    kernel = namespace["ts"].params["encoder"]["blocks"]["ff1"]["up"]["kernel"]
+    assert int(namespace["state"].step) == 1
+    kernel = namespace["state"].params["encoder"]["blocks"]["ff1"]["up"]["kernel"]
     assert float(np.asarray(namespace["metrics"]["grad_norm"])) > 0
     assert kernel.shape[0] == namespace["config"].model.conformer.num_layers

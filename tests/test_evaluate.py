@@ -4,14 +4,14 @@ import numpy as np
 import pytest
 
 from configs import demo
-from jaxspeech import eval_watch, search
+from jaxspeech.decoding import search
 from jaxspeech.errors import UserError
-from jaxspeech.evaluate import (
+from jaxspeech.evaluation import watcher as eval_watch
+from jaxspeech.evaluation.run import result_tag, run_eval_config
+from jaxspeech.evaluation.scoring import (
     eval_bucket_spec,
     normalizer_from_config,
     parse_splits,
-    result_tag,
-    run_eval_config,
     summarize_utterances,
     write_result,
 )

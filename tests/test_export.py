@@ -18,10 +18,11 @@ import pytest
 from flax import nnx
 
 from configs import demo
-from jaxspeech import export, quantize
-from jaxspeech import state as state_lib
+from jaxspeech.config import build
 from jaxspeech.decoding import ctc as ctc_decoding
 from jaxspeech.decoding import rnnt as rnnt_decoding
+from jaxspeech.serving import export as export_lib
+from jaxspeech.serving import quantize
 from tests.conftest import onnx_converter
 from tests.sharing import built_once
 
@@ -43,11 +44,11 @@ def _model(variant: str, *, streaming: bool = False, left_chunks: int = LEFT_CHU
     if streaming:
         conformer = config.model.conformer
         conformer.causal, conformer.chunk_size, conformer.left_chunks = True, CHUNK, left_chunks
-    model = state_lib.make_model(config, VOCAB, 3)
+    model = build.make_model(config, VOCAB, 3)
     graphdef, params, model_vars = nnx.split(model, nnx.Param, ...)
     f = config.features.num_mel_bins
     rng = np.random.default_rng(0)
-    stats = state_lib.feature_stats(rng.normal(-5, 1, f), rng.uniform(2, 4, f))
+    stats = build.feature_stats(rng.normal(-5, 1, f), rng.uniform(2, 4, f))
     return graphdef, nnx.to_pure_dict(params), stats, config
 
 
@@ -93,20 +94,20 @@ def exported(request, tmp_path_factory):
     format for the module): (model parts, loaded functions, manifest "functions",
     directory, format, the inference functions)."""
     graphdef, params, stats, config = _model("ctc_rnnt", streaming=True)
-    fns = export.inference_functions(graphdef, params, stats)
+    fns = export_lib.inference_functions(graphdef, params, stats)
 
-    def build(where: pathlib.Path) -> str:
+    def export_once(where: pathlib.Path) -> str:
         if request.param == "stablehlo":
-            described = export.export_stablehlo(fns, RATE, str(where))
+            described = export_lib.export_stablehlo(fns, RATE, str(where))
         else:
-            arguments = state_lib.model_arguments(config, VOCAB)
-            described = export.export_onnx(
+            arguments = build.model_arguments(config, VOCAB)
+            described = export_lib.export_onnx(
                 arguments, params, stats, RATE, str(where), onnx_converter()
             )
         return json.dumps(described)
 
     # The ONNX conversion takes most of a minute: one per session, not one per worker.
-    where, text = built_once(tmp_path_factory, f"exported-{request.param}", build)
+    where, text = built_once(tmp_path_factory, f"exported-{request.param}", export_once)
     described = json.loads(text)
     loaded = _loader(request.param, where, described)
     return (graphdef, params, stats, config), loaded, described, where, request.param, fns
@@ -202,7 +203,7 @@ def test_short_audio_is_padded_to_min_samples_by_the_runtime(exported):
     """Below the manifest's min_samples the artifact refuses the shape; zero-padded to it,
     with audio_len the true length, it decodes like the training code."""
     (graphdef, params, stats, _), loaded, _, _, fmt, _ = exported
-    min_samples = int(export.MIN_SECONDS * RATE)
+    min_samples = int(export_lib.MIN_SECONDS * RATE)
     audio, _ = _audio(1, min_samples - 1, 0)
     if fmt == "stablehlo":  # onnxruntime does not check the bound; the manifest states it
         with pytest.raises(Exception, match="refining shapes"):
@@ -311,19 +312,19 @@ def test_stream_functions_equal_the_whole_utterance(exported):
 
 def test_stream_history_is_required_exactly_where_it_means_something():
     config = demo.get_config("tiny")
-    export.check_stream_history(config, None)  # full context: nothing to say
-    with pytest.raises(export.UserError, match="does not stream"):
-        export.check_stream_history(config, 16)
+    export_lib.check_stream_history(config, None)  # full context: nothing to say
+    with pytest.raises(export_lib.UserError, match="does not stream"):
+        export_lib.check_stream_history(config, 16)
     conformer = config.model.conformer
     conformer.causal, conformer.chunk_size = True, CHUNK
-    with pytest.raises(export.UserError, match="--stream_history N"):
-        export.check_stream_history(config, None)  # left_chunks -1: unlimited
-    export.check_stream_history(config, 16)
-    with pytest.raises(export.UserError, match=">= 0"):
-        export.check_stream_history(config, -1)
+    with pytest.raises(export_lib.UserError, match="--stream_history N"):
+        export_lib.check_stream_history(config, None)  # left_chunks -1: unlimited
+    export_lib.check_stream_history(config, 16)
+    with pytest.raises(export_lib.UserError, match=">= 0"):
+        export_lib.check_stream_history(config, -1)
     conformer.left_chunks = 2
-    with pytest.raises(export.UserError, match="left_chunks \\* chunk_size"):
-        export.check_stream_history(config, 16)
+    with pytest.raises(export_lib.UserError, match="left_chunks \\* chunk_size"):
+        export_lib.check_stream_history(config, 16)
 
 
 def _transcriber():
@@ -350,7 +351,7 @@ def test_runtime_transcriber_streams_like_it_decodes_whole_utterances(exported):
         "audio": {"sample_rate": RATE, "min_samples": 1600},
         "run": {"decoding": {"max_symbols_per_frame": 3}},
         "tokenizer": {"dir": "tokenizer"},
-        "streaming": export.stream_section(fns, RATE),
+        "streaming": export_lib.stream_section(fns, RATE),
     }
     info = fns["stream_first"].stream
     sizes = [info.first_samples // 2, info.first_samples + 2 * info.step_samples + 999]
@@ -381,7 +382,7 @@ def test_einsum_rewrite_to_matmul_is_exact():
     around it where the weight has 3 axes); one of two activations stays an Einsum."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from jaxspeech import onnx_convert
+    from jaxspeech.serving import onnx_convert
 
     rng = np.random.default_rng(0)
     w = {
@@ -434,8 +435,8 @@ def quantized(tmp_path_factory):
     (float directory, described functions, {method: (directory, report)}, model parts)."""
     graphdef, params, stats, config = _model("ctc_rnnt")
     where = tmp_path_factory.mktemp("onnx_int8")
-    arguments = state_lib.model_arguments(config, VOCAB)
-    described = export.export_onnx(arguments, params, stats, RATE, str(where), onnx_converter())
+    arguments = build.model_arguments(config, VOCAB)
+    described = export_lib.export_onnx(arguments, params, stats, RATE, str(where), onnx_converter())
     out = {}
     for method in quantize.METHODS:
         d = tmp_path_factory.mktemp(method)

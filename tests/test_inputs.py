@@ -1,12 +1,12 @@
-"""jaxspeech.inputs: the training input pipeline's settings from a config."""
+"""jaxspeech.training.inputs: the training input pipeline's settings from a config."""
 
 import os
 
 import pytest
 
 from configs import demo
-from jaxspeech import inputs
 from jaxspeech.errors import UserError
+from jaxspeech.training import inputs
 
 
 def test_read_noise_list_json_lines_and_plain_paths(tmp_path):

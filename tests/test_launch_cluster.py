@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from jaxspeech import devices, status
+from jaxspeech.runs import status as status_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SBATCH = os.path.join(ROOT, "launch", "slurm.sbatch")
@@ -120,7 +121,7 @@ def test_run_status_is_the_last_lifecycle_event(tmp_path, events, state, step):
     run = tmp_path / "run"
     if events:
         _write_events(run, *events)
-    got = status.run_status(str(run))
+    got = status_lib.run_status(str(run))
     assert (got["state"], got["step"]) == (state, step)
     assert status.main(["status", str(run)]) == (0 if state == "finished" else 1)
 

@@ -1,7 +1,7 @@
 """Learning guards: every head, encoder and synchronization strategy learns the tone task
 of tests/learning.py in a few dozen steps, and the transducer's warm-up keeps CTC the
 encoder's first teacher (the demo's ctc_rnnt recipe stayed on its blank plateau without
-it; jaxspeech.step.transducer_encoder_scale).
+it; jaxspeech.training.step.transducer_encoder_scale).
 
 Thresholds, from runs of the tiny models here (8 utterances, 3-6 labels each): each loss
 the objective keeps after the warm-up (not the am-only teacher's, whose weight falls to 0)
@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxspeech import state as state_lib
-from jaxspeech import step as step_lib
+from jaxspeech.config import build
 from jaxspeech.parallel import rules
+from jaxspeech.training import objective
 from tests import learning
 
 LOSS_DROP = 0.25
@@ -59,23 +59,23 @@ def _encoder_grads(config, steps: tuple[int, ...]) -> list[tuple[dict, dict]]:
     """For each step: the encoder's gradient of one ctc+rnnt objective at that step, and
     of its CTC part alone, at the same initial parameters and batch."""
     batch = {k: jnp.asarray(v) for k, v in learning.tone_batch(2).items()}
-    mesh = state_lib.mesh_from_config(config, devices=jax.devices()[:1])
-    with rules.axis_rules(state_lib.rules_from_config(config)):
-        spec = state_lib.abstract_model(config, learning.VOCAB, mesh)
-        params = state_lib.init_params(config, learning.VOCAB, spec, 0)
-        model_vars = state_lib.feature_stats(np.zeros(80), np.ones(80))
+    mesh = build.mesh_from_config(config, devices=jax.devices()[:1])
+    with rules.axis_rules(build.rules_from_config(config)):
+        spec = build.abstract_model(config, learning.VOCAB, mesh)
+        params = build.init_params(config, learning.VOCAB, spec, 0)
+        model_vars = build.feature_stats(np.zeros(80), np.ones(80))
 
         @jax.jit
         def grads(p, step):
-            def objective(p, only_ctc):
+            def loss(p, only_ctc):
                 model = nnx.merge(spec.graphdef, p, model_vars)
                 if only_ctc:
                     model.transducer = None
                 key = jax.random.key(0)
-                return step_lib.model_losses(model, batch, key, step, config.loss, 0)[0]
+                return objective.model_losses(model, batch, key, step, config.loss, 0)[0]
 
-            full = jax.grad(objective)(p, False)["encoder"]
-            return full, jax.grad(objective)(p, True)["encoder"]
+            full = jax.grad(loss)(p, False)["encoder"]
+            return full, jax.grad(loss)(p, True)["encoder"]
 
         with jax.set_mesh(mesh):
             return [grads(params, jnp.int32(s)) for s in steps]
@@ -105,20 +105,20 @@ def test_the_warm_up_leaves_the_forward_pass_alone_and_hands_over_to_the_transdu
     share of the encoder gradient ramps 0 -> 1 and, without a CTC head, the acoustic-only
     loss's weight ramps 1 -> 0 (none with a CTC head, or with the warm-up off)."""
     x = jnp.asarray(np.random.default_rng(0).standard_normal((3, 5)), jnp.float32)
-    assert np.array_equal(step_lib.scale_gradient(x, jnp.float32(0.3)), x)
-    g = jax.grad(lambda y: jnp.sum(step_lib.scale_gradient(y, jnp.float32(0.3)) ** 2))(x)
+    assert np.array_equal(objective.scale_gradient(x, jnp.float32(0.3)), x)
+    g = jax.grad(lambda y: jnp.sum(objective.scale_gradient(y, jnp.float32(0.3)) ** 2))(x)
     np.testing.assert_allclose(g, 0.3 * 2 * x, rtol=1e-6)
     cfg = _config("rnnt").loss
     warm = cfg.rnnt_warmup_steps
     for step, scale in ((0, 0.0), (warm // 2, (warm // 2) / warm), (warm, 1.0), (5 * warm, 1.0)):
-        got = float(step_lib.transducer_encoder_scale(cfg, jnp.int32(step)))
+        got = float(objective.transducer_encoder_scale(cfg, jnp.int32(step)))
         assert got == pytest.approx(scale)
-        am = step_lib.am_only_weight(cfg, jnp.int32(step), has_ctc=False)
+        am = objective.am_only_weight(cfg, jnp.int32(step), has_ctc=False)
         assert float(am) == pytest.approx(1.0 - scale)
-        assert step_lib.am_only_weight(cfg, jnp.int32(step), has_ctc=True) is None
+        assert objective.am_only_weight(cfg, jnp.int32(step), has_ctc=True) is None
     cfg.rnnt_encoder_warmup = False
-    assert float(step_lib.transducer_encoder_scale(cfg, jnp.int32(0))) == 1.0
-    assert step_lib.am_only_weight(cfg, jnp.int32(0), has_ctc=False) is None
+    assert float(objective.transducer_encoder_scale(cfg, jnp.int32(0))) == 1.0
+    assert objective.am_only_weight(cfg, jnp.int32(0), has_ctc=False) is None
 
 
 def test_the_acoustic_only_loss_is_a_transducer_loss_without_label_context():
@@ -127,7 +127,7 @@ def test_the_acoustic_only_loss_is_a_transducer_loss_without_label_context():
     from tests.losses.test_rnnt import _brute_force
 
     config = _config("rnnt")
-    model = state_lib.make_model(config, learning.VOCAB, 0)
+    model = build.make_model(config, learning.VOCAB, 0)
     rng = np.random.default_rng(0)
     enc = jnp.asarray(rng.standard_normal((2, 4, 48)), jnp.float32)
     labels = jnp.asarray([[1, 3, 0], [2, 2, 5]], jnp.int32)
@@ -170,5 +170,5 @@ def test_each_sync_strategy_learns_on_the_8_device_mesh(strategy):
     config = _config("ctc", steps=60)
     config.mesh.replica, config.mesh.data, config.mesh.fsdp, config.mesh.tensor = shape
     config.sync.update({"strategy": strategy} | settings)
-    mesh = state_lib.mesh_from_config(config, devices=jax.devices()[:8])
+    mesh = build.mesh_from_config(config, devices=jax.devices()[:8])
     _assert_learned(learning.train(config, learning.tone_batch(), mesh))

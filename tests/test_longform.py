@@ -8,9 +8,9 @@ import pytest
 import soundfile as sf
 import soxr
 
-from jaxspeech import longform
 from jaxspeech.decoding.ctc import collapse_with_frames
 from jaxspeech.decoding.lm import TokenWords
+from jaxspeech.serving import longform
 
 PIECES = ["<blank>", "<unk>", "a", "b", "c", "d", " "]
 WORDS = TokenWords.from_pieces(PIECES, sentencepiece=False)

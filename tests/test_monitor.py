@@ -1,8 +1,9 @@
-"""jaxspeech.monitor: sample rows of one shape, lifecycle events, data-order logs."""
+"""jaxspeech.training.monitor: sample rows of one shape, lifecycle events, data-order logs."""
 
 import jax
 
-from jaxspeech import monitor
+from jaxspeech.runs import events as run_events
+from jaxspeech.training import monitor
 
 
 def test_peek_rows_has_one_shape_whatever_the_bucket():
@@ -27,22 +28,22 @@ def test_peek_rows_has_one_shape_whatever_the_bucket():
 
 
 def test_event_log_appends_across_restarts_and_drops_a_cut_line(tmp_path):
-    first = monitor.EventLog(str(tmp_path))
+    first = run_events.EventLog(str(tmp_path))
     first.write("started", step=0, stop=8)
     first.write("checkpoint_saved", step=4, reason="every 4 steps")
     first.close()
-    with open(tmp_path / monitor.EVENTS, "a") as f:
+    with open(tmp_path / run_events.EVENTS, "a") as f:
         f.write('{"event": "checkpoint_comm')  # a kill in the middle of a line
-    again = monitor.EventLog(str(tmp_path))
+    again = run_events.EventLog(str(tmp_path))
     again.write("resumed", step=4, seconds=1.5)
     again.close()
-    events = monitor.read_events(str(tmp_path))
+    events = run_events.read_events(str(tmp_path))
     # The cut record is not an event, and it does not spoil the one written after it.
     names = [e["event"] for e in events]
     assert names == ["started", "checkpoint_saved", "resumed"]
     assert events[1]["reason"] == "every 4 steps" and events[0]["stop"] == 8
     assert all(isinstance(e["time"], float) for e in events)
-    assert monitor.read_events(str(tmp_path / "nowhere")) == []
+    assert run_events.read_events(str(tmp_path / "nowhere")) == []
 
 
 def _window(steps):
@@ -96,16 +97,16 @@ def test_window_summary_without_a_peak_has_no_mfu():
 
 
 def test_batch_id_log_replayed_step_keeps_its_last_line_and_survives_a_cut(tmp_path):
-    log = monitor.BatchIdLog(str(tmp_path))
+    log = run_events.BatchIdLog(str(tmp_path))
     log.write(1, ["a", "b"])
     log.write(2, ["c"])
     log._f.write('{"step": 3, "ids": ["d"')  # killed mid-line
     log._f.close()
-    again = monitor.BatchIdLog(str(tmp_path))  # the restart replays step 2 onwards
+    again = run_events.BatchIdLog(str(tmp_path))  # the restart replays step 2 onwards
     again.write(2, ["c2"])
     again.write(3, ["d"])
     again._f.close()
-    assert monitor.read_batch_ids(str(tmp_path)) == {1: ["a", "b"], 2: ["c2"], 3: ["d"]}
+    assert run_events.read_batch_ids(str(tmp_path)) == {1: ["a", "b"], 2: ["c2"], 3: ["d"]}
 
 
 def test_describe_compiled_with_and_without_a_flop_count():

@@ -1,7 +1,5 @@
-"""benchmarks/scaling.py: HLO collective parsing, ring bytes and the scaling projection."""
-
-import importlib.util
-import os
+"""benchmarks/scaling.py's library: HLO collective parsing and ring bytes
+(benchmarks/lib/hlo.py) and the scaling projection (benchmarks/lib/cost_model.py)."""
 
 import jax
 import jax.numpy as jnp
@@ -9,12 +7,7 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_spec = importlib.util.spec_from_file_location(
-    "scaling_benchmark", os.path.join(ROOT, "benchmarks", "scaling.py")
-)
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+from benchmarks.lib import cost_model, hlo
 
 # A hand-written module: every collective form the parser must read, a while loop that
 # runs its body 3 times, and async -done halves that must not be counted.
@@ -60,14 +53,14 @@ ENTRY %main (a: f32[1024], b: bf16[8,128]) -> f32[1024] {
 
 @pytest.fixture(scope="module")
 def ops():
-    return {o["name"]: o for o in bench.parse_collectives(HLO)}
+    return {o["name"]: o for o in hlo.parse_collectives(HLO)}
 
 
 def test_parses_every_collective_once(ops):
     assert sorted(ops) == sorted(
         ["ar", "art", "ag", "rs", "a2a", "cp", "ars", "ags", "cps", "ag.loop"]
     )
-    assert {o["kind"] for o in ops.values()} == set(bench.KINDS)
+    assert {o["kind"] for o in ops.values()} == set(hlo.KINDS)
     assert [ops[n]["async"] for n in ("ars", "ags", "cps", "ar")] == [True, True, True, False]
 
 
@@ -94,10 +87,10 @@ def test_replica_group_forms(ops):
     line = (
         "x = f32[8] all-gather(y), replica_groups=mesh['axis_0'=2,'axis_1'=4] {'axis_0','axis_1'}"
     )
-    assert bench.group_size(line) == 8
-    assert bench.group_size("replica_groups=mesh['a'=8] {'a':(2)4}") == 4  # sub-axis
+    assert hlo.group_size(line) == 8
+    assert hlo.group_size("replica_groups=mesh['a'=8] {'a':(2)4}") == 4  # sub-axis
     reordered = "replica_groups=mesh['axis_0'=2,'axis_1'=4], device_ids=([4,2]T(1,0)) {'axis_0'}"
-    assert bench.group_size(reordered) == 2
+    assert hlo.group_size(reordered) == 2
 
 
 def test_while_body_counts_trip_count(ops):
@@ -107,23 +100,23 @@ def test_while_body_counts_trip_count(ops):
 
 
 def test_ring_bytes(ops):
-    assert bench.ring_bytes(ops["ar"]) == pytest.approx(2 * 7 / 8 * 4096)
-    assert bench.ring_bytes(ops["art"]) == pytest.approx(ops["art"]["bytes"])  # n = 2
-    assert bench.ring_bytes(ops["ag"]) == pytest.approx(3 / 4 * 4 * 64 * 4)
-    assert bench.ring_bytes(ops["rs"]) == pytest.approx(3 * 128 * 4)  # (n-1) x output
-    assert bench.ring_bytes(ops["a2a"]) == pytest.approx(1 / 2 * 240)
-    assert bench.ring_bytes(ops["cp"]) == 400
-    assert bench.ring_bytes(ops["cps"]) == 40
+    assert hlo.ring_bytes(ops["ar"]) == pytest.approx(2 * 7 / 8 * 4096)
+    assert hlo.ring_bytes(ops["art"]) == pytest.approx(ops["art"]["bytes"])  # n = 2
+    assert hlo.ring_bytes(ops["ag"]) == pytest.approx(3 / 4 * 4 * 64 * 4)
+    assert hlo.ring_bytes(ops["rs"]) == pytest.approx(3 * 128 * 4)  # (n-1) x output
+    assert hlo.ring_bytes(ops["a2a"]) == pytest.approx(1 / 2 * 240)
+    assert hlo.ring_bytes(ops["cp"]) == 400
+    assert hlo.ring_bytes(ops["cps"]) == 40
     one = dict(ops["ar"], group_size=1)
-    assert bench.ring_bytes(one) == 0
-    summary = bench.summarize(list(ops.values()))
+    assert hlo.ring_bytes(one) == 0
+    summary = hlo.summarize(list(ops.values()))
     assert summary["executions"]["all-gather"] == 1 + 1 + 3
-    loop = bench.ring_bytes(ops["ag.loop"]) * 3
+    loop = hlo.ring_bytes(ops["ag.loop"]) * 3
     assert summary["bytes_by_kind"]["all-gather"] == pytest.approx(
-        bench.ring_bytes(ops["ag"]) + bench.ring_bytes(ops["ags"]) + loop
+        hlo.ring_bytes(ops["ag"]) + hlo.ring_bytes(ops["ags"]) + loop
     )
     assert summary["bytes"] == pytest.approx(
-        sum(bench.ring_bytes(o) * o["executions"] for o in ops.values())
+        sum(hlo.ring_bytes(o) * o["executions"] for o in ops.values())
     )
 
 
@@ -144,10 +137,10 @@ def test_real_psum_and_all_gather_on_eight_devices():
         lambda a: jax.lax.psum(a, "d"), mesh, PartitionSpec("d"), PartitionSpec("d"), x
     )
     np.testing.assert_allclose(np.asarray(out)[:1024], np.asarray(x).reshape(8, 1024).sum(0))
-    ars = [o for o in bench.parse_collectives(text) if o["kind"] == "all-reduce"]
+    ars = [o for o in hlo.parse_collectives(text) if o["kind"] == "all-reduce"]
     assert len(ars) == 1, text
     assert ars[0]["bytes"] == 4096 and ars[0]["group_size"] == 8
-    assert bench.ring_bytes(ars[0]) == pytest.approx(7168)
+    assert hlo.ring_bytes(ars[0]) == pytest.approx(7168)
 
     y = jnp.arange(8 * 128, dtype=jnp.float32)
     text, out = _compiled_text(
@@ -158,10 +151,10 @@ def test_real_psum_and_all_gather_on_eight_devices():
         y,
     )
     np.testing.assert_array_equal(np.asarray(out), np.asarray(y))
-    ags = [o for o in bench.parse_collectives(text) if o["kind"] == "all-gather"]
+    ags = [o for o in hlo.parse_collectives(text) if o["kind"] == "all-gather"]
     assert len(ags) == 1, text
     assert ags[0]["bytes"] == 4096 and ags[0]["group_size"] == 8
-    assert bench.ring_bytes(ags[0]) == pytest.approx(3584)
+    assert hlo.ring_bytes(ags[0]) == pytest.approx(3584)
 
 
 def test_real_psum_over_one_axis_of_a_2x4_mesh():
@@ -170,43 +163,45 @@ def test_real_psum_over_one_axis_of_a_2x4_mesh():
     text, _ = _compiled_text(
         lambda a: jax.lax.psum(a, "b"), mesh, PartitionSpec("a", "b"), PartitionSpec("a", "b"), x
     )
-    (ar,) = [o for o in bench.parse_collectives(text) if o["kind"] == "all-reduce"]
+    (ar,) = [o for o in hlo.parse_collectives(text) if o["kind"] == "all-reduce"]
     assert ar["group_size"] == 4 and ar["bytes"] == 256 * 4
-    assert bench.ring_bytes(ar) == pytest.approx(2 * 3 / 4 * 1024)
+    assert hlo.ring_bytes(ar) == pytest.approx(2 * 3 / 4 * 1024)
 
 
 def test_projection_formulas():
-    hw = bench.HARDWARE["h100_ib"]
+    hw = cost_model.HARDWARE["h100_ib"]
     g = 100e6
-    assert bench.comm_time("flat", g, 1, hw) == 0
-    assert bench.comm_time("flat", g, 8, hw) == pytest.approx(
+    assert cost_model.comm_time("flat", g, 1, hw) == 0
+    assert cost_model.comm_time("flat", g, 8, hw) == pytest.approx(
         2 * 7 / 8 * g / hw["intra_bw"] + 14 * hw["intra_latency"]
     )
     # Past one node, fewer latency steps on the slow links: hierarchical wins at 1,024.
-    assert bench.comm_time("hierarchical", g, 1024, hw) < bench.comm_time("flat", g, 1024, hw)
-    assert bench.comm_time("periodic", g, 64, hw) == pytest.approx(
-        bench.comm_time("flat", g, 64, hw) / bench.AVERAGE_EVERY
+    assert cost_model.comm_time("hierarchical", g, 1024, hw) < cost_model.comm_time(
+        "flat", g, 1024, hw
     )
-    rows = bench.project(1.0, 0.0, hw)["flat"]  # no gradients: linear scaling
-    assert [r["speedup"] for r in rows] == pytest.approx(list(bench.PROJECT_N))
-    slow = bench.project(1e-3, 1e9, hw)["flat"][-1]
+    assert cost_model.comm_time("periodic", g, 64, hw) == pytest.approx(
+        cost_model.comm_time("flat", g, 64, hw) / cost_model.AVERAGE_EVERY
+    )
+    rows = cost_model.project(1.0, 0.0, hw)["flat"]  # no gradients: linear scaling
+    assert [r["speedup"] for r in rows] == pytest.approx(list(cost_model.PROJECT_N))
+    slow = cost_model.project(1e-3, 1e9, hw)["flat"][-1]
     assert slow["efficiency"] < 0.1 and slow["step_ms"] > 1
 
 
 def test_gradient_accounting_matches_parameter_shapes(ops):
     # Parameters f32[1024] and f32[4,256]: the first all-reduced array matches the first,
     # the second (transposed, f32[256] is not it) is missing; bf16 and scalars are "other".
-    acc = bench.gradient_accounting(list(ops.values()), [("f32", (1024,)), ("f32", (4, 256))])
+    acc = hlo.gradient_accounting(list(ops.values()), [("f32", (1024,)), ("f32", (4, 256))])
     assert acc["param_bytes"] == 8192
     assert acc["param_shaped_bytes"] == 4096
     assert acc["missing"] == [["f32[4, 256]", 1]]
     assert acc["other_bytes"] == ops["art"]["bytes"] + ops["ars"]["bytes"]
-    flipped = bench.gradient_accounting(list(ops.values()), [("bf16", (128, 8))])
+    flipped = hlo.gradient_accounting(list(ops.values()), [("bf16", (128, 8))])
     assert flipped["param_shaped_bytes"] == 2048 and not flipped["missing"]
 
 
 def test_compute_for_efficiency_inverts_the_step_model():
     comm = 0.01
-    c = bench.compute_for_efficiency(comm, 0.9)
-    step = c + max(0.0, comm - bench.OVERLAP * c)
+    c = cost_model.compute_for_efficiency(comm, 0.9)
+    step = c + max(0.0, comm - cost_model.OVERLAP * c)
     assert c / step == pytest.approx(0.9)

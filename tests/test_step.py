@@ -1,11 +1,12 @@
-"""jaxspeech.step: the train step's model FLOPs (the loss wiring and gradients are tested
+"""jaxspeech.training.step: the train step's model FLOPs (the loss wiring and gradients are tested
 against references in tests/models/test_transducer.py and tests/parallel)."""
 
 import pytest
 
 from configs import demo
-from jaxspeech import state as state_lib
-from jaxspeech import step as step_lib
+from jaxspeech.config import build
+from jaxspeech.training import batch as batch_lib
+from jaxspeech.training import flops as flops_lib
 
 
 def _flops_config(num_layers, scan_layers=True):
@@ -33,12 +34,12 @@ def test_step_flops_counts_every_layer_like_the_matmul_arithmetic():
         "label_overflow": jax.ShapeDtypeStruct((b,), jnp.int32),
         "corrupt": jax.ShapeDtypeStruct((b,), jnp.int32),
     }
-    f2, f4 = (step_lib.step_flops(_flops_config(n), vocab, 0, shapes) for n in (2, 4))
+    f2, f4 = (flops_lib.step_flops(_flops_config(n), vocab, 0, shapes) for n in (2, 4))
     # Scanned or not, the count is the same: the count unrolls the layers itself.
-    assert step_lib.step_flops(_flops_config(2, scan_layers=False), vocab, 0, shapes) == f2
+    assert flops_lib.step_flops(_flops_config(2, scan_layers=False), vocab, 0, shapes) == f2
 
     enc = jax.eval_shape(
-        lambda a, n: state_lib.make_model(_flops_config(2), vocab, 0)(a, n)[0],
+        lambda a, n: build.make_model(_flops_config(2), vocab, 0)(a, n)[0],
         shapes["audio"],
         shapes["audio_len"],
     )
@@ -66,7 +67,7 @@ def test_step_flops_lowers_on_the_host_cpu_and_says_when_xla_gives_no_count(monk
     import jax.numpy as jnp
 
     b, s = 1, 8000
-    shapes = {k: jax.ShapeDtypeStruct((b,), jnp.int32) for k in step_lib.BATCH_RANKS}
+    shapes = {k: jax.ShapeDtypeStruct((b,), jnp.int32) for k in batch_lib.BATCH_RANKS}
     shapes |= {
         "audio": jax.ShapeDtypeStruct((b, s), jnp.float32),
         "labels": jax.ShapeDtypeStruct((b, 4), jnp.int32),
@@ -79,6 +80,6 @@ def test_step_flops_lowers_on_the_host_cpu_and_says_when_xla_gives_no_count(monk
         return None
 
     monkeypatch.setattr(jax.stages.Lowered, "cost_analysis", no_count)
-    with pytest.raises(step_lib.FlopCountUnavailable, match="no FLOP count: None"):
-        step_lib.step_flops(_flops_config(1), 30, 0, shapes)
+    with pytest.raises(flops_lib.FlopCountUnavailable, match="no FLOP count: None"):
+        flops_lib.step_flops(_flops_config(1), 30, 0, shapes)
     assert len(seen) == 1 and seen[0].platform == "cpu"

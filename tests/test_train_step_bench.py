@@ -1,5 +1,7 @@
-"""benchmarks/train_step.py: the batch maker, run settings, peak selection, rates, the goal
-line, and the driver's batch halving (with fake workers: nothing is compiled or timed)."""
+"""benchmarks/train_step.py and its library: the batch maker (lib/synthetic_batch.py), peak
+selection and rates (lib/mfu.py), config overrides (lib/config_overrides.py), the run
+settings, the goal line, and the driver's batch halving (with fake workers: nothing is
+compiled or timed)."""
 
 import argparse
 import importlib.util
@@ -9,7 +11,8 @@ import os
 import numpy as np
 import pytest
 
-from jaxspeech import step as step_lib
+from benchmarks.lib import config_overrides, mfu, synthetic_batch
+from jaxspeech.training import batch as batch_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _spec = importlib.util.spec_from_file_location(
@@ -22,9 +25,9 @@ H100 = "NVIDIA H100 80GB HBM3"
 
 
 def test_make_batch_shapes_and_label_ranges():
-    width = bench.label_width(8.0, 10.0)
+    width = synthetic_batch.label_width(8.0, 10.0)
     assert width == 80
-    b = bench.make_batch(16, 8.0, label_width=width)
+    b = synthetic_batch.make_batch(16, 8.0, label_width=width)
     assert b["audio"].shape == (16, 8 * 16000) and b["audio"].dtype == np.float32
     assert (b["audio_len"] == 8 * 16000).all() and b["audio_len"].dtype == np.int32
     assert b["labels"].shape == (16, 80) and b["labels"].dtype == np.int32
@@ -33,12 +36,14 @@ def test_make_batch_shapes_and_label_ranges():
     assert (b["label_len"] >= 24).all() and (b["label_len"] <= 40).all()
     assert 28 <= b["label_len"].mean() <= 36
     valid = np.arange(80)[None, :] < b["label_len"][:, None]
-    assert (b["labels"][valid] >= 1).all() and (b["labels"][valid] < bench.VOCAB).all()
+    assert (b["labels"][valid] >= 1).all() and (b["labels"][valid] < synthetic_batch.VOCAB).all()
     assert (b["labels"][~valid] == 0).all()
     assert (b["weight"] == 1).all() and (b["label_overflow"] == 0).all()
-    assert set(b) == set(step_lib.BATCH_RANKS)
+    assert set(b) == set(batch_lib.BATCH_RANKS)
     # Seeded: the same batch twice.
-    np.testing.assert_array_equal(b["labels"], bench.make_batch(16, 8.0, label_width=80)["labels"])
+    np.testing.assert_array_equal(
+        b["labels"], synthetic_batch.make_batch(16, 8.0, label_width=80)["labels"]
+    )
 
 
 def test_label_width_matches_the_pipeline_bucket_padding():
@@ -46,8 +51,8 @@ def test_label_width_matches_the_pipeline_bucket_padding():
 
     for seconds, rate in ((4.0, 10.0), (16.0, 10.0), (2.25, 30.0), (8.0, 10.0)):
         spec = make_bucket_spec((seconds,), 64.0, rate, 16000)
-        assert bench.label_width(seconds, rate) == spec.max_labels[0]
-    assert bench.label_width(16.0, 10.0) == 160
+        assert synthetic_batch.label_width(seconds, rate) == spec.max_labels[0]
+    assert synthetic_batch.label_width(16.0, 10.0) == 160
 
 
 def test_settings_defaults_quick_and_overrides():
@@ -83,27 +88,27 @@ def test_select_peak_table_override_measured_unknown():
         calls.append(1)
         return 1.0e11
 
-    peak, src = bench.select_peak(H100, "gpu", "bfloat16", 0.0, measure)
+    peak, src = mfu.select_peak(H100, "gpu", "bfloat16", 0.0, measure)
     assert (peak, src) == (989.4e12, "table") and not calls
-    peak, src = bench.select_peak(H100, "gpu", "float32")
+    peak, src = mfu.select_peak(H100, "gpu", "float32")
     assert (peak, src) == (494.7e12, "table")
-    peak, src = bench.select_peak(H100, "gpu", "bfloat16", 500.0, measure)
+    peak, src = mfu.select_peak(H100, "gpu", "bfloat16", 500.0, measure)
     assert (peak, src) == (500e12, "override") and not calls
-    peak, src = bench.select_peak("cpu", "cpu", "float32", 0.0, measure)
+    peak, src = mfu.select_peak("cpu", "cpu", "float32", 0.0, measure)
     assert (peak, src) == (1.0e11, "measured_matmul") and calls == [1]
-    assert bench.select_peak("cpu", "cpu", "bfloat16", 0.0, 2.5e10) == (2.5e10, "measured_matmul")
-    assert bench.select_peak("cpu", "cpu", "float32", 0.3) == (0.3e12, "override")
+    assert mfu.select_peak("cpu", "cpu", "bfloat16", 0.0, 2.5e10) == (2.5e10, "measured_matmul")
+    assert mfu.select_peak("cpu", "cpu", "float32", 0.3) == (0.3e12, "override")
     # An accelerator the table does not know: no MFU rather than a CPU-style measurement.
-    assert bench.select_peak("Fancy NPU 9", "gpu", "bfloat16", 0.0, measure) == (None, "unknown")
+    assert mfu.select_peak("Fancy NPU 9", "gpu", "bfloat16", 0.0, measure) == (None, "unknown")
 
 
 def test_rates_and_mfu():
-    r = bench.rates(2e12, 0.5, 64, 16.0, 2, 1e12)
+    r = mfu.rates(2e12, 0.5, 64, 16.0, 2, 1e12)
     assert r["audio_s_per_s"] == pytest.approx(64 * 16 / 0.5)
     assert r["achieved_tflops"] == pytest.approx(4.0)
     assert r["peak_tflops"] == pytest.approx(2.0)  # all devices together
     assert r["mfu"] == pytest.approx(2.0)  # 4 achieved / 2 peak (fake numbers)
-    none = bench.rates(2e12, 0.5, 64, 16.0, 2, None)
+    none = mfu.rates(2e12, 0.5, 64, 16.0, 2, None)
     assert none["mfu"] is None and none["peak_tflops"] is None
 
 
@@ -207,7 +212,7 @@ def test_set_overrides_change_existing_entries_and_reject_unknown_ones():
     from configs import conformer
 
     config = conformer.get_config("S")
-    bench.apply_overrides(
+    config_overrides.apply_overrides(
         config, ["model.head=ctc", "model.conformer.dropout=0.0", "train.num_steps=7"]
     )
     assert config.model.head == "ctc"  # not a Python literal: kept as a string
@@ -219,7 +224,7 @@ def test_set_overrides_change_existing_entries_and_reject_unknown_ones():
         ("train.num_steps='many'", "train.num_steps"),  # ConfigDict's type check
     ]:
         with pytest.raises(SystemExit, match=says):
-            bench.apply_overrides(config, [bad])
+            config_overrides.apply_overrides(config, [bad])
 
 
 def _load_kernel_profile():

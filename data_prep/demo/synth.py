@@ -389,6 +389,81 @@ def _words(texts) -> set[str]:
     return {w for t in texts for w in t.split()}
 
 
+def _render_all(
+    output: str, plan: Sequence[Utterance], chunks: list[list[Utterance]], workers: int, t0: float
+) -> dict[str, int]:
+    """Renders every chunk, each in a fresh spawned process, printing progress about ten times.
+
+    Returns:
+      {utterance id: number of samples written}.
+    """
+    num_samples: dict[str, int] = {}
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(min(workers, len(chunks)), maxtasksperchild=1) as pool:
+        done_s, report_every, next_report = 0.0, max(1, len(chunks) // 10), 0
+        for k, results in enumerate(pool.imap(_render_chunk, [(output, c) for c in chunks])):
+            for utt_id, n in results:
+                num_samples[utt_id] = n
+                done_s += n / SAMPLE_RATE
+            if k >= next_report or k == len(chunks) - 1:
+                next_report = k + report_every
+                print(
+                    f"  {len(num_samples)}/{len(plan)} utterances, {done_s / 3600:.2f} h, "
+                    f"{time.monotonic() - t0:.0f} s",
+                    flush=True,
+                )
+    return num_samples
+
+
+def _speaker_info() -> dict:
+    """corpus_info.json's "speakers": name -> split, voice and prosody of every speaker."""
+    return {
+        s.name: {
+            "split": s.split,
+            "voice": s.voice,
+            "variant": s.variant,
+            "rate": s.rate,
+            "pitch": s.pitch,
+            "pitch_range": s.pitch_range,
+        }
+        for s in SPEAKERS
+    }
+
+
+def _write_manifest(output: str, split: str, utts: list[Utterance], num_samples: dict) -> dict:
+    """Writes DIR/<split>/manifest.jsonl; returns the split's corpus_info.json entry."""
+    seconds = 0.0
+    with open(os.path.join(output, split, "manifest.jsonl"), "w") as f:
+        for u in utts:
+            duration = num_samples[u.utt_id] / SAMPLE_RATE
+            seconds += duration
+            row = {
+                "audio_filepath": u.audio_filepath,
+                "text": u.text,
+                "duration": duration,
+                "speaker": u.speaker,
+            }
+            f.write(json.dumps(row) + "\n")
+    return {
+        "utterances": len(utts),
+        "hours": round(seconds / 3600, 4),
+        "speakers": sorted({u.speaker for u in utts}),
+        "distinct_words": len(_words(u.text for u in utts)),
+    }
+
+
+def _print_summary(info: dict, wall: float) -> None:
+    """The closing lines: time taken, then per split utterances, hours, speakers, words."""
+    print(f"synth_demo: done in {wall:.1f} s")
+    for split in SPLITS:
+        s = info["splits"][split]
+        print(
+            f"  {split:5s} {s['utterances']:6d} utterances {s['hours']:7.3f} h "
+            f"{len(s['speakers']):3d} speakers {s['distinct_words']:6d} distinct words"
+        )
+    print(f"  distinct words overall: {info['distinct_words']}")
+
+
 def build_corpus(
     output: str, hours: float = 3.0, seed: int = 0, workers: int | None = None
 ) -> dict:
@@ -413,60 +488,18 @@ def build_corpus(
         f"{min(workers, len(chunks))} workers -> {output}",
         flush=True,
     )
-
-    num_samples: dict[str, int] = {}
-    ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(min(workers, len(chunks)), maxtasksperchild=1) as pool:
-        done_s, report_every, next_report = 0.0, max(1, len(chunks) // 10), 0
-        for k, results in enumerate(pool.imap(_render_chunk, [(output, c) for c in chunks])):
-            for utt_id, n in results:
-                num_samples[utt_id] = n
-                done_s += n / SAMPLE_RATE
-            if k >= next_report or k == len(chunks) - 1:
-                next_report = k + report_every
-                print(
-                    f"  {len(num_samples)}/{len(plan)} utterances, {done_s / 3600:.2f} h, "
-                    f"{time.monotonic() - t0:.0f} s",
-                    flush=True,
-                )
+    num_samples = _render_all(output, plan, chunks, workers, t0)
 
     info = {
         "generator": "data_prep.demo.synth",
         **identity,
         "sample_rate": SAMPLE_RATE,
         "splits": {},
-        "speakers": {
-            s.name: {
-                "split": s.split,
-                "voice": s.voice,
-                "variant": s.variant,
-                "rate": s.rate,
-                "pitch": s.pitch,
-                "pitch_range": s.pitch_range,
-            }
-            for s in SPEAKERS
-        },
+        "speakers": _speaker_info(),
     }
     for split in SPLITS:
         utts = [u for u in plan if u.split == split]
-        seconds = 0.0
-        with open(os.path.join(output, split, "manifest.jsonl"), "w") as f:
-            for u in utts:
-                duration = num_samples[u.utt_id] / SAMPLE_RATE
-                seconds += duration
-                row = {
-                    "audio_filepath": u.audio_filepath,
-                    "text": u.text,
-                    "duration": duration,
-                    "speaker": u.speaker,
-                }
-                f.write(json.dumps(row) + "\n")
-        info["splits"][split] = {
-            "utterances": len(utts),
-            "hours": round(seconds / 3600, 4),
-            "speakers": sorted({u.speaker for u in utts}),
-            "distinct_words": len(_words(u.text for u in utts)),
-        }
+        info["splits"][split] = _write_manifest(output, split, utts, num_samples)
     info["distinct_words"] = len(_words(u.text for u in plan))
     info["espeak_ng_version"] = espeak.library_version()
     with open(os.path.join(output, INFO_FILE), "w") as f:
@@ -474,15 +507,7 @@ def build_corpus(
         f.write("\n")
     os.remove(os.path.join(output, PARTIAL_FILE))
 
-    wall = time.monotonic() - t0
-    print(f"synth_demo: done in {wall:.1f} s")
-    for split in SPLITS:
-        s = info["splits"][split]
-        print(
-            f"  {split:5s} {s['utterances']:6d} utterances {s['hours']:7.3f} h "
-            f"{len(s['speakers']):3d} speakers {s['distinct_words']:6d} distinct words"
-        )
-    print(f"  distinct words overall: {info['distinct_words']}")
+    _print_summary(info, time.monotonic() - t0)
     return info
 
 

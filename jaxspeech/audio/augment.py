@@ -289,6 +289,40 @@ def _sample_positions(
     return src, mic
 
 
+def _fractional_delays(
+    delay_k: np.ndarray, amp_k: np.ndarray, length: int, sinc_half_width: int
+) -> np.ndarray:
+    """(length,) float64 sum of K images of amplitude `amp_k` (K,) at fractional delays
+    `delay_k` (K,) samples: every image spreads over 2 * half taps of a Hann-windowed sinc
+    (taps outside [0, length) are dropped)."""
+    taps = np.arange(-sinc_half_width + 1, sinc_half_width + 1)
+    where = np.floor(delay_k)[:, None].astype(np.int64) + taps  # (K, taps)
+    offset = where - delay_k[:, None]
+    weight = np.sinc(offset) * 0.5 * (1.0 + np.cos(np.pi * offset / sinc_half_width))
+    ok = (where >= 0) & (where < length)
+    return np.bincount(where[ok], weights=(amp_k[:, None] * weight)[ok], minlength=length)
+
+
+def _add_late_tail(
+    rng: np.random.Generator,
+    rir: np.ndarray,
+    join: float,
+    d0: float,
+    volume: float,
+    rt60: float,
+    sample_rate: int,
+) -> None:
+    """Add (in place) the late tail of `simulate_rir` to the (L,) `rir` from sample `join` on,
+    in the same units (images scaled by 4 pi d0 so that the direct path is 1): Gaussian noise
+    of energy per sample c / (4 pi V fs) * 10**(-6 t / RT60), t from emission."""
+    length = rir.shape[0]
+    start = int(np.ceil(join))
+    if start < length:
+        t = (np.arange(start, length) / sample_rate) + d0 / SPEED_OF_SOUND
+        level = 4.0 * np.pi * d0 * np.sqrt(SPEED_OF_SOUND / (4.0 * np.pi * volume * sample_rate))
+        rir[start:] += level * 10.0 ** (-3.0 * t / rt60) * rng.standard_normal(length - start)
+
+
 def simulate_rir(
     rng: np.random.Generator,
     sample_rate: int,
@@ -355,21 +389,8 @@ def simulate_rir(
     keep = (order <= max_order) & (delay < min(join, length))
     delay, amp = delay[keep], beta ** order[keep] * (d0 / dist[keep])  # direct path: 1
 
-    # Fractional delays: every image spreads over 2 * half taps of a windowed sinc.
-    taps = np.arange(-sinc_half_width + 1, sinc_half_width + 1)
-    where = np.floor(delay)[:, None].astype(np.int64) + taps  # (K, taps)
-    offset = where - delay[:, None]
-    weight = np.sinc(offset) * 0.5 * (1.0 + np.cos(np.pi * offset / sinc_half_width))
-    ok = (where >= 0) & (where < length)
-    rir = np.bincount(where[ok], weights=(amp[:, None] * weight)[ok], minlength=length)
-
-    # Late tail from `join` on, in the same units (images scaled by 4 pi d0 so that the
-    # direct path is 1): energy per sample c / (4 pi V fs) * 10**(-6 t / RT60), t from emission.
-    start = int(np.ceil(join))
-    if start < length:
-        t = (np.arange(start, length) / sample_rate) + d0 / SPEED_OF_SOUND
-        level = 4.0 * np.pi * d0 * np.sqrt(SPEED_OF_SOUND / (4.0 * np.pi * volume * sample_rate))
-        rir[start:] += level * 10.0 ** (-3.0 * t / rt60) * rng.standard_normal(length - start)
+    rir = _fractional_delays(delay, amp, length, sinc_half_width)
+    _add_late_tail(rng, rir, join, d0, volume, rt60, sample_rate)
     # Sinc tails of reflections arriving within a few samples can add to index 0.
     return (rir / rir[0]).astype(np.float32)
 

@@ -467,6 +467,60 @@ class Pipeline:
         )
 
 
+def _check_settings(
+    index: records.SplitIndex,
+    spec: BucketSpec,
+    where: str,
+    process_index: int,
+    process_count: int,
+    speeds: Sequence[float],
+    augment: Augment | None,
+    loader_shards: int,
+) -> int:
+    """`make_pipeline`'s settings against the split at `where` (DATA_DIR/SPLIT, its
+    `index`): returns the number of loader shards.
+
+    Raises:
+      ValueError: settings that do not fit the split.
+    """
+    if index.sample_rate != spec.sample_rate:
+        raise ValueError(
+            f"{where} is at {index.sample_rate} Hz but the config expects {spec.sample_rate} Hz"
+        )
+    if not 0 <= process_index < process_count:
+        raise ValueError(f"process {process_index} of {process_count}?")
+    if tuple(speeds) != (1.0,) and augment is None:
+        raise ValueError("speed perturbation needs the augment function that applies it")
+    num_shards = loader_shards or process_count
+    if num_shards % process_count:
+        raise ValueError(
+            f"data.loader_shards={loader_shards} must be a multiple of the "
+            f"{process_count} processes"
+        )
+    return num_shards
+
+
+def _checked_files(
+    index: records.SplitIndex, mine: range, num_shards: int
+) -> tuple[list[str], list[int], bool]:
+    """The shard files this process reads for its loader shards `mine`, checked
+    (`reader.check_shards`): (paths, record counts, by_file). by_file: each loader shard's
+    records lie in its own files (at least one file per loader shard); else every file is
+    read.
+
+    Raises:
+      reader.ShardError: a file is missing, unreadable or holds another number of records.
+    """
+    by_file = len(index.shard_paths) >= num_shards
+    files = sorted(f for q in mine for f in range(q, len(index.shard_paths), num_shards))
+    if not by_file:
+        files = list(range(len(index.shard_paths)))
+    paths = [index.shard_paths[f] for f in files]
+    counts = [index.shard_num_records[f] for f in files]
+    reader_lib.check_shards(paths, counts)
+    return paths, counts, by_file
+
+
 def make_pipeline(
     *,
     data_dir: str,
@@ -501,21 +555,16 @@ def make_pipeline(
       ValueError: settings that do not fit the split.
     """
     index = records.read_split_index(data_dir, split)
-    if index.sample_rate != spec.sample_rate:
-        raise ValueError(
-            f"{data_dir}/{split} is at {index.sample_rate} Hz but the config expects "
-            f"{spec.sample_rate} Hz"
-        )
-    if not 0 <= process_index < process_count:
-        raise ValueError(f"process {process_index} of {process_count}?")
-    if tuple(speeds) != (1.0,) and augment is None:
-        raise ValueError("speed perturbation needs the augment function that applies it")
-    num_shards = loader_shards or process_count
-    if num_shards % process_count:
-        raise ValueError(
-            f"data.loader_shards={loader_shards} must be a multiple of the "
-            f"{process_count} processes"
-        )
+    num_shards = _check_settings(
+        index,
+        spec,
+        f"{data_dir}/{split}",
+        process_index,
+        process_count,
+        speeds,
+        augment,
+        loader_shards,
+    )
     owners = [owned_records(index.shard_num_records, q, num_shards) for q in range(num_shards)]
     per = num_shards // process_count
     mine = range(process_index * per, (process_index + 1) * per)
@@ -529,13 +578,7 @@ def make_pipeline(
         num_epochs=None if train else 1,
         speeds=speeds if train else (1.0,),
     )
-    by_file = len(index.shard_paths) >= num_shards
-    files = sorted(f for q in mine for f in range(q, len(index.shard_paths), num_shards))
-    if not by_file:
-        files = list(range(len(index.shard_paths)))
-    paths = [index.shard_paths[f] for f in files]
-    counts = [index.shard_num_records[f] for f in files]
-    reader_lib.check_shards(paths, counts)
+    paths, counts, by_file = _checked_files(index, mine, num_shards)
     load = LoadBatch(
         paths,
         counts,

@@ -7,6 +7,8 @@ optionally with a word n-gram LM fused in (`decoding.lm.Fusion`).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -32,6 +34,150 @@ def collapse(ids_bt: np.ndarray, lengths_b: np.ndarray, blank_id: int = 0) -> li
         keep &= row != blank_id
         out.append(row[keep].tolist())
     return out
+
+
+class _Beam(NamedTuple):
+    """The prefixes kept after a frame, with P parallel entries each (scores in float64, so
+    long utterances don't drift)."""
+
+    prefixes: list[tuple[int, ...]]  # P label sequences
+    pb: np.ndarray  # (P,) log-prob of the paths that collapse to the prefix and end in blank
+    pnb: np.ndarray  # (P,) the same for the paths that end in the prefix's last label
+    last: np.ndarray  # (P,) last label of each prefix, -1 for the empty prefix
+    ctxs: list  # P LM contexts (with fusion; else None each)
+    lm: np.ndarray  # (P,) LM score of each prefix's complete words (0 without fusion)
+
+
+def _initial_beam(fusion: Fusion | None) -> _Beam:
+    """The beam before the first frame: the empty prefix alone, with log-prob 0."""
+    pb = np.zeros(1)
+    pnb = np.full(1, -np.inf)
+    last = np.full(1, -1)
+    ctxs = [fusion.start()] if fusion else [None]
+    return _Beam([()], pb, pnb, last, ctxs, np.zeros(1))
+
+
+def _extension_tokens(
+    lp_v: np.ndarray, n_top: int, blank_id: int, prune_logp: float | None
+) -> np.ndarray:
+    """(C,) the labels that may extend prefixes at a frame with (V,) log-probs `lp_v`: its
+    `n_top` most probable tokens (all when n_top = V) less blank and, with `prune_logp`, less
+    those below it."""
+    vocab = lp_v.shape[0]
+    if n_top < vocab:
+        cand = np.argpartition(-lp_v, n_top - 1)[:n_top]
+    else:
+        cand = np.arange(vocab)
+    cand = cand[cand != blank_id]
+    if prune_logp is not None:
+        cand = cand[lp_v[cand] >= prune_logp]
+    return cand
+
+
+def _frame_scores(
+    hyps: _Beam,
+    lp_v: np.ndarray,
+    cand_c: np.ndarray,
+    blank_id: int,
+    fusion: Fusion | None,
+    starts_word_v: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One frame's scores for the P prefixes of `hyps` and their C extensions by `cand_c`.
+
+    Returns:
+      stay_pb, stay_pnb: (P,) each prefix unchanged, ending in blank / in its last label.
+      ext_pc: (P, C) prefix i extended by label cand[c] (which ends in that label).
+      lm_pc: (P, C) the LM score of the complete words of each extension.
+    """
+    tot = np.logaddexp(hyps.pb, hyps.pnb)
+    stay_pb = tot + lp_v[blank_id]
+    stay_pnb = np.where(hyps.last >= 0, hyps.pnb + lp_v[np.maximum(hyps.last, 0)], -np.inf)
+    ext_pc = np.where(cand_c[None, :] == hyps.last[:, None], hyps.pb[:, None], tot[:, None])
+    ext_pc = ext_pc + lp_v[cand_c][None, :]
+    # A word-starting label completes the prefix's current word: the LM scores it.
+    lm_pc = np.broadcast_to(hyps.lm[:, None], ext_pc.shape)
+    if fusion and starts_word_v[cand_c].any():
+        done = np.array([fusion.word_done(c) for c in hyps.ctxs])
+        lm_pc = np.where(starts_word_v[cand_c][None, :], done[:, None], lm_pc)
+    return stay_pb, stay_pnb, ext_pc, lm_pc
+
+
+def _fold_existing(
+    prefixes: list[tuple[int, ...]],
+    cand_c: np.ndarray,
+    col_of_v: np.ndarray,
+    stay_pnb: np.ndarray,
+    ext_pc: np.ndarray,
+) -> None:
+    """An extension can land on a prefix already in the beam ("a" + "b" = "ab"): fold those
+    into that prefix's (P,) `stay_pnb` and set them to -inf in the (P, C) `ext_pc` (both in
+    place), so that every remaining extension is a new, distinct prefix. `col_of_v` (V,): all
+    -1, a scratch token -> column map (left all -1 again)."""
+    col_of_v[cand_c] = np.arange(cand_c.size)
+    index = {p: i for i, p in enumerate(prefixes)}
+    for j, q in enumerate(prefixes):
+        if q and col_of_v[q[-1]] >= 0:
+            i = index.get(q[:-1])
+            if i is not None:
+                c = col_of_v[q[-1]]
+                stay_pnb[j] = np.logaddexp(stay_pnb[j], ext_pc[i, c])
+                ext_pc[i, c] = -np.inf
+    col_of_v[cand_c] = -1
+
+
+def _best_candidates(scores_n: np.ndarray, beam: int) -> np.ndarray:
+    """Indices of the (up to) `beam` best of the (N,) `scores_n`, best first (ties in index
+    order), without the impossible (-inf) ones unless all are."""
+    k = min(beam, scores_n.size)
+    sel = np.argpartition(-scores_n, k - 1)[:k]
+    sel = sel[np.argsort(-scores_n[sel], kind="stable")]
+    finite = np.isfinite(scores_n[sel])
+    return sel[finite] if finite.any() else sel[:1]
+
+
+def _next_beam(
+    hyps: _Beam,
+    sel: np.ndarray,
+    cand_c: np.ndarray,
+    stay_pb: np.ndarray,
+    stay_pnb: np.ndarray,
+    ext_pc: np.ndarray,
+    lm_pc: np.ndarray,
+    fusion: Fusion | None,
+) -> _Beam:
+    """The beam of the selected candidates `sel`: indices into the P unchanged prefixes, then
+    the (P, C) extensions in row-major order (`_frame_scores`' arrays)."""
+    n_pref = len(hyps.prefixes)
+    new_prefixes, new_pb, new_pnb, new_last, new_ctxs, new_lm = [], [], [], [], [], []
+    for s in sel:
+        if s < n_pref:
+            new_prefixes.append(hyps.prefixes[s])
+            new_pb.append(stay_pb[s])
+            new_pnb.append(stay_pnb[s])
+            new_last.append(hyps.last[s])
+            new_ctxs.append(hyps.ctxs[s])
+            new_lm.append(hyps.lm[s])
+        else:
+            i, c = divmod(int(s) - n_pref, cand_c.size)
+            tok = int(cand_c[c])
+            new_prefixes.append(hyps.prefixes[i] + (tok,))
+            new_pb.append(-np.inf)
+            new_pnb.append(ext_pc[i, c])
+            new_last.append(tok)
+            new_ctxs.append(fusion.extend(hyps.ctxs[i], tok) if fusion else None)
+            new_lm.append(lm_pc[i, c])
+    pb, pnb, last, lm = (np.array(x) for x in (new_pb, new_pnb, new_last, new_lm))
+    return _Beam(new_prefixes, pb, pnb, last, new_ctxs, lm)
+
+
+def _ranked(hyps: _Beam, fusion: Fusion | None) -> list[tuple[list[int], float]]:
+    """The final beam's (label sequence, score) pairs, best first; with `fusion` the score
+    includes the LM's whole-sequence score (`Fusion.finish`)."""
+    tot = np.logaddexp(hyps.pb, hyps.pnb)
+    if fusion:
+        tot = tot + np.array([fusion.finish(c) for c in hyps.ctxs])
+    order = np.argsort(-tot, kind="stable")
+    return [(list(hyps.prefixes[i]), float(tot[i])) for i in order]
 
 
 def ctc_prefix_beam_search(
@@ -76,81 +222,21 @@ def ctc_prefix_beam_search(
     lp_tv = np.asarray(logprobs_tv, np.float64)[: int(length)]
     num_frames, vocab = lp_tv.shape
     n_top = min(beam, vocab)
-    # The beam: prefixes (tuples) and parallel arrays, float64 so long utterances don't drift.
-    prefixes: list[tuple[int, ...]] = [()]
-    pb = np.zeros(1)
-    pnb = np.full(1, -np.inf)
-    last = np.full(1, -1)  # last label of each prefix, -1 for the empty prefix
-    # LM side of each prefix (with fusion): its context, and the score of its complete words.
-    ctxs = [fusion.start()] if fusion else [None]
-    lm = np.zeros(1)
+    hyps = _initial_beam(fusion)
     starts_word = np.array(fusion.words.starts_word if fusion else [False] * vocab)
     col_of = np.full(vocab, -1)  # token -> column in this frame's extension matrix
     for t in range(num_frames):
         lp = lp_tv[t]
-        if n_top < vocab:
-            cand = np.argpartition(-lp, n_top - 1)[:n_top]
-        else:
-            cand = np.arange(vocab)
-        cand = cand[cand != blank_id]
-        if prune_logp is not None:
-            cand = cand[lp[cand] >= prune_logp]
-        tot = np.logaddexp(pb, pnb)
-        stay_pb = tot + lp[blank_id]
-        stay_pnb = np.where(last >= 0, pnb + lp[np.maximum(last, 0)], -np.inf)
-        # ext_pc[i, c]: prefix i extended by label cand[c] (which ends in that label).
-        ext_pc = np.where(cand[None, :] == last[:, None], pb[:, None], tot[:, None])
-        ext_pc = ext_pc + lp[cand][None, :]
-        # A word-starting label completes the prefix's current word: the LM scores it.
-        lm_pc = np.broadcast_to(lm[:, None], ext_pc.shape)
-        if fusion and starts_word[cand].any():
-            done = np.array([fusion.word_done(c) for c in ctxs])
-            lm_pc = np.where(starts_word[cand][None, :], done[:, None], lm_pc)
-        # An extension can land on a prefix already in the beam ("a" + "b" = "ab"): fold those
-        # into that prefix's pnb so that every remaining extension is a new, distinct prefix.
-        col_of[cand] = np.arange(cand.size)
-        index = {p: i for i, p in enumerate(prefixes)}
-        for j, q in enumerate(prefixes):
-            if q and col_of[q[-1]] >= 0:
-                i = index.get(q[:-1])
-                if i is not None:
-                    c = col_of[q[-1]]
-                    stay_pnb[j] = np.logaddexp(stay_pnb[j], ext_pc[i, c])
-                    ext_pc[i, c] = -np.inf
-        col_of[cand] = -1
+        cand = _extension_tokens(lp, n_top, blank_id, prune_logp)
+        stay_pb, stay_pnb, ext_pc, lm_pc = _frame_scores(
+            hyps, lp, cand, blank_id, fusion, starts_word
+        )
+        _fold_existing(hyps.prefixes, cand, col_of, stay_pnb, ext_pc)
         stay_tot = np.logaddexp(stay_pb, stay_pnb)
-        scores = np.concatenate([stay_tot + lm, (ext_pc + lm_pc).ravel()])
-        k = min(beam, scores.size)
-        sel = np.argpartition(-scores, k - 1)[:k]
-        sel = sel[np.argsort(-scores[sel], kind="stable")]
-        finite = np.isfinite(scores[sel])
-        sel = sel[finite] if finite.any() else sel[:1]
-        n_pref = len(prefixes)
-        new_prefixes, new_pb, new_pnb, new_last, new_ctxs, new_lm = [], [], [], [], [], []
-        for s in sel:
-            if s < n_pref:
-                new_prefixes.append(prefixes[s])
-                new_pb.append(stay_pb[s])
-                new_pnb.append(stay_pnb[s])
-                new_last.append(last[s])
-                new_ctxs.append(ctxs[s])
-                new_lm.append(lm[s])
-            else:
-                i, c = divmod(int(s) - n_pref, cand.size)
-                tok = int(cand[c])
-                new_prefixes.append(prefixes[i] + (tok,))
-                new_pb.append(-np.inf)
-                new_pnb.append(ext_pc[i, c])
-                new_last.append(tok)
-                new_ctxs.append(fusion.extend(ctxs[i], tok) if fusion else None)
-                new_lm.append(lm_pc[i, c])
-        prefixes, ctxs = new_prefixes, new_ctxs
-        pb, pnb, last, lm = (np.array(x) for x in (new_pb, new_pnb, new_last, new_lm))
-    tot = np.logaddexp(pb, pnb)
-    if fusion:
-        tot = tot + np.array([fusion.finish(c) for c in ctxs])
-    order = np.argsort(-tot, kind="stable")
-    return [(list(prefixes[i]), float(tot[i])) for i in order]
+        scores = np.concatenate([stay_tot + hyps.lm, (ext_pc + lm_pc).ravel()])
+        sel = _best_candidates(scores, beam)
+        hyps = _next_beam(hyps, sel, cand, stay_pb, stay_pnb, ext_pc, lm_pc, fusion)
+    return _ranked(hyps, fusion)
 
 
 def ctc_beam_search_batch(

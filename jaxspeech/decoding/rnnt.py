@@ -13,6 +13,7 @@ length and rows that have nothing to do are masked with `jnp.where`.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -109,6 +110,144 @@ def rnnt_greedy(
     return (tokens_bn, num_b, frames_bn) if with_frames else (tokens_bn, num_b)
 
 
+def _beam_init(
+    pred_init: PredInit, pred_step: PredStep, b: int, k: int, blank_id: int
+) -> tuple[Any, ...]:
+    """The beam before the first frame, B*K = R rows (row b*K + k: hypothesis k of row b):
+    (state, pred, score_bk, h1_bk, h2_bk, len_bk, last_bk) with the predictor fed blank, one
+    live (empty, score 0) hypothesis per utterance, hashes 0, lengths 0 and last label -1."""
+    rows = b * k
+    state0 = pred_init(rows)
+    pred0, state0 = pred_step(state0, jnp.full((rows,), blank_id, jnp.int32))
+    score0 = jnp.broadcast_to(jnp.where(jnp.arange(k) == 0, 0.0, -jnp.inf), (b, k))
+    zeros_u = jnp.zeros((b, k), jnp.uint32)
+    len0 = jnp.zeros((b, k), jnp.int32)
+    last0 = jnp.full((b, k), -1, jnp.int32)
+    return state0, pred0, score0, zeros_u, zeros_u, len0, last0
+
+
+def _top_candidates(
+    score_bk: jax.Array, logp_bkv: jax.Array, k: int
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The K best of the K*V candidates score_k + logp_k[v] of each row, best first.
+    -> (top_bk scores, src_bk source hypotheses, tok_bk tokens)."""
+    vocab = logp_bkv.shape[-1]
+    cand_bc = (score_bk[:, :, None] + logp_bkv).reshape(score_bk.shape[0], k * vocab)
+    top_bk, idx_bk = lax.top_k(cand_bc, k)
+    src_bk = (idx_bk // vocab).astype(jnp.int32)
+    tok_bk = (idx_bk % vocab).astype(jnp.int32)
+    return top_bk, src_bk, tok_bk
+
+
+def _extend_keys(
+    keys_bk: tuple[jax.Array, ...], src_bk: jax.Array, tok_bk: jax.Array, is_label: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """Each candidate's sequence key (h1, h2, length, last label; (B, K) each) from its
+    source hypothesis' `keys_bk`, the label `tok_bk` appended where `is_label`."""
+    h1_bk, h2_bk, len_bk, last_bk = keys_bk
+
+    def from_src(x_bk):
+        return jnp.take_along_axis(x_bk, src_bk, axis=1)
+
+    tok_u = (tok_bk + 1).astype(jnp.uint32)
+    h1 = jnp.where(is_label, from_src(h1_bk) * _HASH_MUL[0] + tok_u, from_src(h1_bk))
+    h2 = jnp.where(is_label, from_src(h2_bk) * _HASH_MUL[1] + tok_u, from_src(h2_bk))
+    n = from_src(len_bk) + is_label.astype(jnp.int32)
+    last = jnp.where(is_label, tok_bk, from_src(last_bk))
+    return h1, h2, n, last
+
+
+def _merge_equal(top_bk: jax.Array, keys_bk: tuple[jax.Array, ...], same_k: jax.Array) -> jax.Array:
+    """(B, K) scores with the candidates of equal `keys_bk` (the same sequence) merged by
+    log-add-exp into the first (best: top_k is sorted) one; the others get -inf."""
+    h1, h2, n, last = keys_bk
+    same_bkk = (
+        (h1[:, :, None] == h1[:, None, :])
+        & (h2[:, :, None] == h2[:, None, :])
+        & (n[:, :, None] == n[:, None, :])
+        & (last[:, :, None] == last[:, None, :])
+    )
+    first_bk = jnp.argmax(same_bkk, axis=-1)  # lowest index of each candidate's class
+    merged_bk = jax.nn.logsumexp(jnp.where(same_bkk, top_bk[:, None, :], -jnp.inf), axis=-1)
+    return jnp.where(first_bk == same_k[None, :], merged_bk, -jnp.inf)
+
+
+def _step_sources(
+    state: Any,
+    pred: Any,
+    src_bk: jax.Array,
+    tok_bk: jax.Array,
+    is_label: jax.Array,
+    base_r: jax.Array,
+    pred_step: PredStep,
+    blank_id: int,
+) -> tuple[Any, Any]:
+    """Predictor: gather each candidate's source state, step all B*K rows, keep the step
+    only where a label was appended. -> (new_state, new_pred), R = B*K rows each."""
+    src_r = base_r + src_bk.reshape(-1)
+    src_state = jax.tree.map(lambda x: x[src_r], state)
+    src_pred = jax.tree.map(lambda x: x[src_r], pred)
+    label_r = is_label.reshape(-1)
+    step_pred, step_state = pred_step(src_state, jnp.where(label_r, tok_bk.reshape(-1), blank_id))
+    new_state = select_rows(label_r, step_state, src_state)
+    new_pred = select_rows(label_r, step_pred, src_pred)
+    return new_state, new_pred
+
+
+def _beam_frame(
+    carry: tuple[Any, ...],
+    xs: tuple[jax.Array, jax.Array],
+    *,
+    joint: Joint,
+    pred_step: PredStep,
+    base_r: jax.Array,
+    same_k: jax.Array,
+    k: int,
+    blank_id: int,
+) -> tuple[tuple[Any, ...], tuple[jax.Array, jax.Array]]:
+    """One frame of `rnnt_modified_beam_search` (a `lax.scan` step): xs = (enc_bd (B, D),
+    valid_b (B,)); carry as `_beam_init`'s. -> (carry, (back_bk, emit_bk)): each
+    hypothesis' source and the label it appended (-1: none)."""
+    state, pred, score_bk = carry[:3]
+    enc_bd, valid_b = xs
+    logits_rv = joint(jnp.repeat(enc_bd, k, axis=0), pred)
+    logp_bkv = jax.nn.log_softmax(logits_rv.astype(jnp.float32), axis=-1)
+    logp_bkv = logp_bkv.reshape(enc_bd.shape[0], k, -1)
+    top_bk, src_bk, tok_bk = _top_candidates(score_bk, logp_bkv, k)
+    is_label = tok_bk != blank_id
+    keys = _extend_keys(carry[3:], src_bk, tok_bk, is_label)
+    new_score = _merge_equal(top_bk, keys, same_k)
+    new_state, new_pred = _step_sources(
+        state, pred, src_bk, tok_bk, is_label, base_r, pred_step, blank_id
+    )
+
+    # Rows past their length keep the whole beam; their back-pointer is the identity.
+    valid_r = jnp.repeat(valid_b, k)
+    vb = valid_b[:, None]
+    carry = (
+        select_rows(valid_r, new_state, state),
+        select_rows(valid_r, new_pred, pred),
+        *(jnp.where(vb, new, old) for new, old in zip((new_score, *keys), carry[2:])),
+    )
+    back_bk = jnp.where(vb, src_bk, same_k[None, :])
+    emit_bk = jnp.where(vb & is_label, tok_bk, -1)
+    return carry, (back_bk, emit_bk)
+
+
+def _trace_back(best_b: jax.Array, back_tbk: jax.Array, emit_tbk: jax.Array) -> jax.Array:
+    """(T, B) the labels (-1: none) of hypothesis `best_b` (B,) of the last frame, followed
+    back through the (T, B, K) back-pointers."""
+
+    def trace(hyp_b, xs):
+        back_bk, emit_bk = xs
+        tok_b = jnp.take_along_axis(emit_bk, hyp_b[:, None], axis=1)[:, 0]
+        prev_b = jnp.take_along_axis(back_bk, hyp_b[:, None], axis=1)[:, 0]
+        return prev_b, tok_b
+
+    _, toks_tb = lax.scan(trace, best_b, (back_tbk, emit_tbk), reverse=True)
+    return toks_tb
+
+
 def rnnt_modified_beam_search(
     enc_btd: jax.Array,
     enc_len_b: jax.Array,
@@ -147,89 +286,23 @@ def rnnt_modified_beam_search(
     """
     b, t_max, _ = enc_btd.shape
     k = beam
-    rows = b * k
-    state0 = pred_init(rows)
-    pred0, state0 = pred_step(state0, jnp.full((rows,), blank_id, jnp.int32))
-    score0 = jnp.broadcast_to(jnp.where(jnp.arange(k) == 0, 0.0, -jnp.inf), (b, k))
-    zeros_u = jnp.zeros((b, k), jnp.uint32)
-    len0 = jnp.zeros((b, k), jnp.int32)
-    last0 = jnp.full((b, k), -1, jnp.int32)
+    init = _beam_init(pred_init, pred_step, b, k, blank_id)
     base_r = jnp.repeat(jnp.arange(b) * k, k)  # first row of each utterance, per row
     same_k = jnp.arange(k)
-
-    def frame(carry, xs):
-        state, pred, score_bk, h1_bk, h2_bk, len_bk, last_bk = carry
-        enc_bd, valid_b = xs
-        logits_rv = joint(jnp.repeat(enc_bd, k, axis=0), pred)
-        logp_bkv = jax.nn.log_softmax(logits_rv.astype(jnp.float32), axis=-1).reshape(b, k, -1)
-        vocab = logp_bkv.shape[-1]
-        cand_bc = (score_bk[:, :, None] + logp_bkv).reshape(b, k * vocab)
-        top_bk, idx_bk = lax.top_k(cand_bc, k)
-        src_bk = (idx_bk // vocab).astype(jnp.int32)
-        tok_bk = (idx_bk % vocab).astype(jnp.int32)
-        is_label = tok_bk != blank_id
-
-        def from_src(x_bk):
-            return jnp.take_along_axis(x_bk, src_bk, axis=1)
-
-        tok_u = (tok_bk + 1).astype(jnp.uint32)
-        h1 = jnp.where(is_label, from_src(h1_bk) * _HASH_MUL[0] + tok_u, from_src(h1_bk))
-        h2 = jnp.where(is_label, from_src(h2_bk) * _HASH_MUL[1] + tok_u, from_src(h2_bk))
-        n = from_src(len_bk) + is_label.astype(jnp.int32)
-        last = jnp.where(is_label, tok_bk, from_src(last_bk))
-
-        # Merge candidates with the same sequence into the first (best: top_k is sorted) one.
-        same_bkk = (
-            (h1[:, :, None] == h1[:, None, :])
-            & (h2[:, :, None] == h2[:, None, :])
-            & (n[:, :, None] == n[:, None, :])
-            & (last[:, :, None] == last[:, None, :])
-        )
-        first_bk = jnp.argmax(same_bkk, axis=-1)  # lowest index of each candidate's class
-        merged_bk = jax.nn.logsumexp(jnp.where(same_bkk, top_bk[:, None, :], -jnp.inf), axis=-1)
-        new_score = jnp.where(first_bk == same_k[None, :], merged_bk, -jnp.inf)
-
-        # Predictor: gather each candidate's source state, step all B*K rows, keep the step
-        # only where a label was appended.
-        src_r = base_r + src_bk.reshape(-1)
-        src_state = jax.tree.map(lambda x: x[src_r], state)
-        src_pred = jax.tree.map(lambda x: x[src_r], pred)
-        label_r = is_label.reshape(-1)
-        step_pred, step_state = pred_step(
-            src_state, jnp.where(label_r, tok_bk.reshape(-1), blank_id)
-        )
-        new_state = select_rows(label_r, step_state, src_state)
-        new_pred = select_rows(label_r, step_pred, src_pred)
-
-        # Rows past their length keep the whole beam; their back-pointer is the identity.
-        valid_r = jnp.repeat(valid_b, k)
-        vb = valid_b[:, None]
-        carry = (
-            select_rows(valid_r, new_state, state),
-            select_rows(valid_r, new_pred, pred),
-            jnp.where(vb, new_score, score_bk),
-            jnp.where(vb, h1, h1_bk),
-            jnp.where(vb, h2, h2_bk),
-            jnp.where(vb, n, len_bk),
-            jnp.where(vb, last, last_bk),
-        )
-        back_bk = jnp.where(vb, src_bk, same_k[None, :])
-        emit_bk = jnp.where(vb & is_label, tok_bk, -1)
-        return carry, (back_bk, emit_bk)
-
+    frame = functools.partial(
+        _beam_frame,
+        joint=joint,
+        pred_step=pred_step,
+        base_r=base_r,
+        same_k=same_k,
+        k=k,
+        blank_id=blank_id,
+    )
     valid_tb = jnp.arange(t_max)[:, None] < jnp.asarray(enc_len_b)[None, :]
-    init = (state0, pred0, score0, zeros_u, zeros_u, len0, last0)
     final, (back_tbk, emit_tbk) = lax.scan(frame, init, (jnp.swapaxes(enc_btd, 0, 1), valid_tb))
     score_bk = final[2]
     best_b = jnp.argmax(score_bk, axis=-1).astype(jnp.int32)
-
-    def trace(hyp_b, xs):
-        back_bk, emit_bk = xs
-        tok_b = jnp.take_along_axis(emit_bk, hyp_b[:, None], axis=1)[:, 0]
-        prev_b = jnp.take_along_axis(back_bk, hyp_b[:, None], axis=1)[:, 0]
-        return prev_b, tok_b
-
-    _, toks_tb = lax.scan(trace, best_b, (back_tbk, emit_tbk), reverse=True)
+    toks_tb = _trace_back(best_b, back_tbk, emit_tbk)
     tokens_bn, num_b, frames_bn = _compact(toks_tb.T, 1)
     score_b = jnp.take_along_axis(score_bk, best_b[:, None], axis=1)[:, 0]
     return (tokens_bn, num_b, score_b, frames_bn) if with_frames else (tokens_bn, num_b, score_b)

@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from jaxspeech import state as state_lib
 from jaxspeech.data import reader as reader_lib
 from jaxspeech.data import records
 from jaxspeech.data.tokenizer import Tokenizer, normalize_text
 from jaxspeech.distill import records as trecords
+from jaxspeech.runs import assets
 
-if TYPE_CHECKING:  # the job's state; targets imports this module
-    from jaxspeech.distill.targets import Job
+if TYPE_CHECKING:  # the job's state (the job itself never imports this module)
+    from jaxspeech.distill.job import Job
 
 PSEUDO_REPORT = "pseudo_labels.json"
 DROP_REASONS = ("missing", "empty_transcript", "low_confidence")  # of a pseudo-label
@@ -83,7 +83,7 @@ def write_pseudo_shard(job: Job, shard: int, heads: list[dict]) -> dict:
 
 def _copy_tokenizer(src: str, data_dir: str) -> None:
     """DATA/tokenizer := `src` (kept when it is the same tokenizer already)."""
-    dst = os.path.join(data_dir, state_lib.TOKENIZER)
+    dst = os.path.join(data_dir, assets.TOKENIZER)
     if os.path.isdir(dst) and Tokenizer.load(dst) == Tokenizer.load(src):
         return
     tmp = dst + trecords.TEMP_SUFFIX

@@ -14,8 +14,7 @@ import numpy as np
 from flax import nnx
 from ml_collections import ConfigDict
 
-from jaxspeech import inputs
-from jaxspeech import state as state_lib
+from jaxspeech.config import build
 from jaxspeech.data import mixing
 from jaxspeech.data.pipeline import PAD_INDEX, PlannedBatch
 from jaxspeech.data.tokenizer import Tokenizer
@@ -26,9 +25,9 @@ from jaxspeech.errors import UserError
 def student_frames(config: ConfigDict, vocab_size: int) -> tuple[int, list[int]]:
     """(audio samples per encoder frame, padded encoder frames of each training bucket)
     of the student `config.model`, from shapes alone (nothing is computed)."""
-    model = nnx.eval_shape(lambda: state_lib.make_model(config, vocab_size, 0))
+    model = nnx.eval_shape(lambda: build.make_model(config, vocab_size, 0))
     graphdef, variables = nnx.split(model)
-    spec = inputs.train_bucket_spec(config, state_lib.mesh_from_config(config))
+    spec = build.train_bucket_spec(config, build.mesh_from_config(config))
     frames = []
     for b in range(len(spec.boundaries)):
         audio = jax.ShapeDtypeStruct((1, spec.num_samples(b)), np.float32)

@@ -468,6 +468,57 @@ def _window_loss(
     return -jnp.where(inside, final, LOG_ZERO)
 
 
+def _simple_lattice(
+    simple_am: Callable[[jax.Array], jax.Array],
+    am_in_btd: jax.Array,
+    lm_buv: jax.Array,
+    labels_bu: jax.Array,
+    blank_id: int,
+    frames_per_chunk: int | None,
+) -> tuple[jax.Array, jax.Array]:
+    """The simple joiner's (B, T, U+1) blank and next-label log-probs (`rnnt_simple_logprobs`
+    of am = simple_am(am_in_btd) and lm_buv), a chunk of frames at a time unless
+    `frames_per_chunk` is None."""
+
+    def simple(am_in: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return rnnt_simple_logprobs(simple_am(am_in), lm_buv, labels_bu, blank_id=blank_id)
+
+    if frames_per_chunk is None:
+        return simple(am_in_btd)
+    return _map_frame_chunks(simple, (am_in_btd,), frames_per_chunk)
+
+
+def _pruned_lattice(
+    joiner: Joiner,
+    enc_btd: jax.Array,
+    pred_bud: jax.Array,
+    labels_bu: jax.Array,
+    start_bt: jax.Array,
+    r: int,
+    blank_id: int,
+    frames_per_chunk: int | None,
+) -> tuple[jax.Array, jax.Array]:
+    """The full joiner's (B, T, R) blank and next-label log-probs on each frame's window of
+    R = `r` rows from `start_bt` (B, T) on (`_window_logprobs`), a chunk of frames at a
+    time unless `frames_per_chunk` is None."""
+    u1 = pred_bud.shape[1]
+    # Rows of each frame's window; r <= U+1 and s_t <= U+1-r keep them inside the lattice.
+    rows_btr = start_bt[:, :, None] + jnp.arange(r, dtype=jnp.int32)
+    next_bu = jnp.pad(labels_bu, ((0, 0), (0, u1 - labels_bu.shape[1])))  # (B, U+1)
+
+    def window(enc: jax.Array, rows: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return _window_logprobs(joiner, enc, pred_bud, next_bu, rows, blank_id)
+
+    if frames_per_chunk is None:
+        return window(enc_btd, rows_btr)
+    return _map_frame_chunks(window, (enc_btd, rows_btr), frames_per_chunk)
+
+
+def _finite(loss_b: jax.Array) -> jax.Array:
+    """(B,) bool: the loss is finite and not the stand-in for log(0) (no path)."""
+    return jnp.isfinite(loss_b) & (loss_b < -0.5 * LOG_ZERO)
+
+
 def rnnt_pruned_loss(
     joiner: Joiner,
     enc_btd: jax.Array,
@@ -524,35 +575,16 @@ def rnnt_pruned_loss(
     """
     if prune_range < 2:
         raise ValueError(f"prune_range must be >= 2 (one label move per window), got {prune_range}")
-    u1 = pred_bud.shape[1]
-    r = min(prune_range, u1)
+    r = min(prune_range, pred_bud.shape[1])
     frames = jnp.maximum(enc_len_b, 1)
-
-    def simple(am_in: jax.Array) -> tuple[jax.Array, jax.Array]:
-        return rnnt_simple_logprobs(simple_am(am_in), lm_buv, labels_bu, blank_id=blank_id)
-
-    if frames_per_chunk is None:
-        blank_s, label_s = simple(am_in_btd)
-    else:
-        blank_s, label_s = _map_frame_chunks(simple, (am_in_btd,), frames_per_chunk)
+    blank_s, label_s = _simple_lattice(
+        simple_am, am_in_btd, lm_buv, labels_bu, blank_id, frames_per_chunk
+    )
     simple_loss, occupation = _loss_and_occupation(blank_s, label_s, frames, label_len_b)
     start_bt = _ranges_from_occupation(occupation, frames, label_len_b, prune_range)
-
-    # Rows of each frame's window; r <= U+1 and s_t <= U+1-r keep them inside the lattice.
-    rows_btr = start_bt[:, :, None] + jnp.arange(r, dtype=jnp.int32)
-    next_bu = jnp.pad(labels_bu, ((0, 0), (0, u1 - labels_bu.shape[1])))  # (B, U+1)
-
-    def window(enc: jax.Array, rows: jax.Array) -> tuple[jax.Array, jax.Array]:
-        return _window_logprobs(joiner, enc, pred_bud, next_bu, rows, blank_id)
-
-    if frames_per_chunk is None:
-        blank_w, label_w = window(enc_btd, rows_btr)
-    else:
-        blank_w, label_w = _map_frame_chunks(window, (enc_btd, rows_btr), frames_per_chunk)
+    blank_w, label_w = _pruned_lattice(
+        joiner, enc_btd, pred_bud, labels_bu, start_bt, r, blank_id, frames_per_chunk
+    )
     pruned_loss = _window_loss(blank_w, label_w, start_bt, frames, label_len_b)
-
-    def finite(loss: jax.Array) -> jax.Array:
-        return jnp.isfinite(loss) & (loss < -0.5 * LOG_ZERO)
-
-    valid = (enc_len_b >= 1) & finite(simple_loss) & finite(pruned_loss)
+    valid = (enc_len_b >= 1) & _finite(simple_loss) & _finite(pruned_loss)
     return jnp.where(valid, simple_loss, 0.0), jnp.where(valid, pruned_loss, 0.0), valid

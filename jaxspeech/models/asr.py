@@ -103,7 +103,7 @@ class ASRModel(nnx.Module):
     # ---------------------------------------------------------------------------------
     # Losses: the model knows which of its parts each head's loss needs (as icefall's
     # model.py owns forward_ctc / forward_transducer); how the parts are weighted into
-    # the training objective is the train step's business (jaxspeech.step).
+    # the training objective is the train step's business (jaxspeech.training.step).
     # ---------------------------------------------------------------------------------
 
     def forward_ctc(

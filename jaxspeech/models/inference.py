@@ -3,7 +3,7 @@
 Pure functions of arrays with the parameters closed over, one per piece a runtime
 calls, and the symbolic-shape arguments they are exported for (b: batch, s: samples).
 This module needs the model code alone (jax, flax): the ONNX converter's own
-environment (`jaxspeech.onnx_convert`) imports it without the training stack.
+environment (`jaxspeech.serving.onnx_convert`) imports it without the training stack.
 
 - CTC (`ctc`, `ctc+rnnt` models): `ctc` (audio f32[b, s], audio_len i32[b]) ->
   (log_probs f32[b, t, V], lengths i32[b]).
@@ -269,7 +269,7 @@ def _path(keys) -> str:
 
 def flat_arrays(tree) -> dict:
     """A pure dict of arrays -> {"a/b/0/c": array}: how parameters travel to another
-    process (`jaxspeech.onnx_convert`), matched there by path, not by order."""
+    process (`jaxspeech.serving.onnx_convert`), matched there by path, not by order."""
     return {_path(k): v for k, v in jax.tree_util.tree_leaves_with_path(tree)}
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -332,3 +333,10 @@ def _spec_size(spec: PartitionSpec, mesh: Mesh) -> int:
     for axes in spec:
         size *= _axis_size(mesh, axes)
     return size
+
+
+def abstract_like(tree: Any, shardings: Any) -> Any:
+    """ShapeDtypeStructs of `tree`'s leaves carrying `shardings` (a matching tree)."""
+    return jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings
+    )

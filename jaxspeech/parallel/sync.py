@@ -29,7 +29,7 @@ the global batch. The strategies differ in what crosses between learners:
 
 This module holds the update rules as functions of learner-stacked trees (leading axis of
 size `num_learners`, sharded over the learner axes) and the payload arithmetic; the
-training step (`jaxspeech.step`) composes them with the model and the optimizer.
+training step (`jaxspeech.training.step`) composes them with the model and the optimizer.
 """
 
 from __future__ import annotations
@@ -90,7 +90,10 @@ class Strategy:
 
 
 def default_sync_config() -> dict:
-    """The `config.sync` keys with their defaults (all-reduce)."""
+    """The `config.sync` keys with their defaults (all-reduce): the one table of these
+    values. `jaxspeech.config.defaults` lays them out as config keys with their comments
+    (this layer cannot import the config's), and `strategy_from_config` fills from it the
+    keys a partial mapping leaves out."""
     return {
         "strategy": "allreduce",
         "outer": "gossip",
@@ -110,35 +113,21 @@ def default_sync_config() -> dict:
 def strategy_from_config(
     sync_cfg: Mapping | None, mesh_shape: Mapping[str, int], table: rules.Rules | None = None
 ) -> Strategy:
-    """`config.sync` (None: all-reduce) checked against the mesh and the sharding rules.
+    """`config.sync` (None: all-reduce; keys left out: `default_sync_config`'s) checked
+    against the mesh and the sharding rules.
 
     Raises:
       SyncConfigError: an unknown strategy or setting, a mesh that cannot serve it (gossip
         with one learner, hierarchical without replicas), or rules that shard parameters
         over the learner axes or do not split the batch over them first.
     """
-    given = sync_cfg.to_dict() if hasattr(sync_cfg, "to_dict") else dict(sync_cfg or {})
-    cfg = default_sync_config() | given
-    unknown = sorted(set(cfg) - set(default_sync_config()))
-    if unknown:
-        raise SyncConfigError(
-            f"unknown sync keys {unknown}; known: {sorted(default_sync_config())}"
-        )
+    cfg = _with_defaults(sync_cfg)
     name = cfg["strategy"]
     if name not in STRATEGIES:
         raise SyncConfigError(f"sync.strategy must be one of {STRATEGIES}, got {name!r}")
     if name == "allreduce":
         return Strategy()
-    method, axes = name, LEARNER_AXES
-    if name == "hierarchical":
-        method, axes = cfg["outer"], HIERARCHICAL_AXES
-        if method not in OUTER_METHODS:
-            raise SyncConfigError(f"sync.outer must be one of {OUTER_METHODS}, got {method!r}")
-        if mesh_shape.get("replica", 1) < 2:
-            raise SyncConfigError(
-                "sync.strategy=hierarchical averages across the replica axis: set "
-                "mesh.replica >= 2 (the groups of hosts on slow links)"
-            )
+    method, axes = _learners(cfg, mesh_shape)
     n = math.prod(int(mesh_shape.get(a, 1)) for a in axes)
     _check_rules(rules.active_rules() if table is None else table, axes, mesh_shape)
     common = {
@@ -149,30 +138,7 @@ def strategy_from_config(
         "data_parallel": int(mesh_shape.get("data", 1)) if name == "hierarchical" else 1,
     }
     if method == "bmuf":
-        k, eta, zeta = int(cfg["block_steps"]), float(cfg["block_momentum"]), cfg["block_lr"]
-        gain, nesterov = float(cfg["block_gain"]), bool(cfg["nesterov"])
-        if k < 1:
-            raise SyncConfigError(f"sync.block_steps must be >= 1, got {k}")
-        if eta < 0:
-            eta = 1.0 - 1.0 / n  # the reference's block momentum for n learners
-        if not 0.0 <= eta < 1.0 or gain <= 0:
-            raise SyncConfigError(
-                f"sync.block_momentum must be in [0, 1) (or -1 for 1 - 1/learners) and "
-                f"sync.block_gain > 0, got {cfg['block_momentum']} and {gain}"
-            )
-        if float(zeta) < 0:
-            zeta = bmuf_block_lr(eta, gain, nesterov)
-        if float(zeta) <= 0:
-            raise SyncConfigError(
-                f"sync.block_lr must be > 0 (or -1: from block_gain), got {cfg['block_lr']}"
-            )
-        return Strategy(
-            **common,
-            block_steps=k,
-            block_momentum=eta,
-            block_lr=float(zeta),
-            nesterov=nesterov,
-        )
+        return _bmuf_strategy(cfg, common)
     if method == "gossip":
         if n < 2:
             raise SyncConfigError(
@@ -180,6 +146,60 @@ def strategy_from_config(
                 f"learner ({' x '.join(axes)} = 1): use more devices on those axes"
             )
         return Strategy(**common, overlap=bool(cfg["gossip_overlap"]))
+    return _gtc_strategy(cfg, common)
+
+
+def _with_defaults(sync_cfg: Mapping | None) -> dict:
+    """`config.sync` as a dict of every key, `default_sync_config`'s where not given."""
+    given = sync_cfg.to_dict() if hasattr(sync_cfg, "to_dict") else dict(sync_cfg or {})
+    defaults = default_sync_config()
+    unknown = sorted(set(given) - set(defaults))
+    if unknown:
+        raise SyncConfigError(f"unknown sync keys {unknown}; known: {sorted(defaults)}")
+    return defaults | given
+
+
+def _learners(cfg: dict, mesh_shape: Mapping[str, int]) -> tuple[str, tuple[str, ...]]:
+    """(the exchange run, the mesh axes whose groups are the learners)."""
+    if cfg["strategy"] != "hierarchical":
+        return cfg["strategy"], LEARNER_AXES
+    method = cfg["outer"]
+    if method not in OUTER_METHODS:
+        raise SyncConfigError(f"sync.outer must be one of {OUTER_METHODS}, got {method!r}")
+    if mesh_shape.get("replica", 1) < 2:
+        raise SyncConfigError(
+            "sync.strategy=hierarchical averages across the replica axis: set "
+            "mesh.replica >= 2 (the groups of hosts on slow links)"
+        )
+    return method, HIERARCHICAL_AXES
+
+
+def _bmuf_strategy(cfg: dict, common: dict) -> Strategy:
+    """BMUF's block settings checked, with -1 momentum and block LR resolved."""
+    k, eta, zeta = int(cfg["block_steps"]), float(cfg["block_momentum"]), cfg["block_lr"]
+    gain, nesterov = float(cfg["block_gain"]), bool(cfg["nesterov"])
+    if k < 1:
+        raise SyncConfigError(f"sync.block_steps must be >= 1, got {k}")
+    if eta < 0:
+        eta = 1.0 - 1.0 / common["num_learners"]  # the reference's block momentum
+    if not 0.0 <= eta < 1.0 or gain <= 0:
+        raise SyncConfigError(
+            f"sync.block_momentum must be in [0, 1) (or -1 for 1 - 1/learners) and "
+            f"sync.block_gain > 0, got {cfg['block_momentum']} and {gain}"
+        )
+    if float(zeta) < 0:
+        zeta = bmuf_block_lr(eta, gain, nesterov)
+    if float(zeta) <= 0:
+        raise SyncConfigError(
+            f"sync.block_lr must be > 0 (or -1: from block_gain), got {cfg['block_lr']}"
+        )
+    return Strategy(
+        **common, block_steps=k, block_momentum=eta, block_lr=float(zeta), nesterov=nesterov
+    )
+
+
+def _gtc_strategy(cfg: dict, common: dict) -> Strategy:
+    """GTC's threshold, density, capacity and message values checked."""
     tau, density, cap = float(cfg["gtc_tau"]), float(cfg["gtc_density"]), cfg["gtc_capacity"]
     values = cfg["gtc_values"]
     if values not in GTC_VALUES:

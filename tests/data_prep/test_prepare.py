@@ -12,7 +12,19 @@ import soundfile as sf
 from array_record.python.array_record_module import ArrayRecordReader
 
 from data_prep import prepare as prep
-from data_prep import readers
+from data_prep.config import parse_args
+from data_prep.readers.common import PrepareError
+from data_prep.readers.manifest import MALFORMED, parse_manifest_line
+from data_prep.report import EventSummaryFn
+from data_prep.runner import pipeline_options
+from data_prep.sharding import (
+    MAX_SHARDS,
+    PSEUDO_SPEAKERS_PER_SHARD,
+    default_num_shards,
+    group_key,
+    place_groups,
+)
+from data_prep.stats import combine_stats
 from jaxspeech.data import records
 from jaxspeech.data.tokenizer import Tokenizer, normalize_text
 
@@ -209,20 +221,20 @@ def test_place_groups_balances_and_keeps_groups_whole():
     # 3,000 speakers with long-tailed amounts of audio (samples at 16 kHz).
     sizes = (rng.lognormal(mean=np.log(600), sigma=1.0, size=3000) * 16000).astype(int)
     groups = [(f"speaker:{i}", int(n)) for i, n in enumerate(sizes)]
-    placement = prep.place_groups(groups, 40, seed=3)
+    placement = place_groups(groups, 40, seed=3)
     assert sorted(placement) == sorted(k for k, _ in groups)
     loads = np.zeros(40)
     for key, n in groups:
         loads[placement[key]] += n
     assert loads.max() / loads.mean() < 1.10 and loads.min() / loads.mean() > 0.90
-    assert prep.place_groups(groups[::-1], 40, seed=3) == placement  # Input order is moot.
-    assert prep.place_groups(groups, 40, seed=4) != placement
+    assert place_groups(groups[::-1], 40, seed=3) == placement  # Input order is moot.
+    assert place_groups(groups, 40, seed=4) != placement
 
 
 def test_group_key_spreads_speakerless_items():
-    assert prep.group_key("spk1", "a", 4) == "speaker:spk1"
-    keys = {prep.group_key("unknown", f"utt{i}", 4) for i in range(5000)}
-    assert len(keys) == prep.PSEUDO_SPEAKERS_PER_SHARD * 4
+    assert group_key("spk1", "a", 4) == "speaker:spk1"
+    keys = {group_key("unknown", f"utt{i}", 4) for i in range(5000)}
+    assert len(keys) == PSEUDO_SPEAKERS_PER_SHARD * 4
 
 
 @pytest.fixture(scope="module")
@@ -272,12 +284,12 @@ def test_stats_combine_over_shards_equals_one_pass():
         {"count": f.shape[1], "sum": f.sum(1).tolist(), "sum_sq": (f**2).sum(1).tolist()}
         for f in feats
     ] + [None]  # An empty shard.
-    combined = prep.combine_stats(per_shard)
+    combined = combine_stats(per_shard)
     everything = np.concatenate(feats, axis=1)
     assert combined["count"] == everything.shape[1]
     np.testing.assert_allclose(combined["sum"], everything.sum(1), rtol=1e-12)
     np.testing.assert_allclose(combined["sum_sq"], (everything**2).sum(1), rtol=1e-12)
-    assert prep.combine_stats([None, None]) is None
+    assert combine_stats([None, None]) is None
 
 
 def test_index_and_durations_match_records(prepared):
@@ -393,15 +405,15 @@ def test_default_multiprocess_runner_flac_and_sentencepiece(corpus, tmp_path):
 
 
 def test_clear_errors(corpus, tmp_path, capsys):
-    with pytest.raises(prep.PrepareError, match="input manifest not found: .*nope.jsonl"):
+    with pytest.raises(PrepareError, match="input manifest not found: .*nope.jsonl"):
         _run(str(tmp_path / "nope.jsonl"), str(tmp_path / "o"), *IN_MEMORY)
-    with pytest.raises(prep.PrepareError, match="unknown --format 'sphere'"):
+    with pytest.raises(PrepareError, match="unknown --format 'sphere'"):
         prep.prepare(
             ["p", "--format", "sphere", "--input", corpus, "--output", "o", "--split", "x"]
         )
     blocker = tmp_path / "a_file"
     blocker.write_text("")
-    with pytest.raises(prep.PrepareError, match="not writable"):
+    with pytest.raises(PrepareError, match="not writable"):
         _run(corpus, str(blocker / "sub"), *IN_MEMORY)
     assert (
         prep.main(["p", "--input", str(tmp_path / "nope.jsonl"), "--output", "o", "--split", "x"])
@@ -411,7 +423,7 @@ def test_clear_errors(corpus, tmp_path, capsys):
     assert err.count("\n") == 1 and err.startswith("error: input manifest not found")
     # A tokenizer the corpus cannot support fails clearly but keeps the (good) shards.
     out = str(tmp_path / "vocab")
-    with pytest.raises(prep.PrepareError, match="tokenizer was not: .*smaller --vocab_size"):
+    with pytest.raises(PrepareError, match="tokenizer was not: .*smaller --vocab_size"):
         _run(corpus, out, "--tokenizer", "unigram", "--vocab_size", "5000", *IN_MEMORY)
     assert records.read_split_index(out, "train").num_records == len(GOOD) + 2
     assert not os.path.exists(os.path.join(out, "tokenizer"))
@@ -420,14 +432,14 @@ def test_clear_errors(corpus, tmp_path, capsys):
 def test_all_items_skipped_is_an_error(tmp_path):
     manifest = tmp_path / "m.jsonl"
     manifest.write_text('{"audio_filepath": "missing.wav", "text": "x"}\n')
-    with pytest.raises(prep.PrepareError, match="no records written"):
+    with pytest.raises(PrepareError, match="no records written"):
         _run(str(manifest), str(tmp_path / "o"), *IN_MEMORY)
     with open(tmp_path / "o" / "train" / "prep_report.json") as f:
         assert json.load(f)["skipped"]["missing_audio"]["count"] == 1
 
 
 def test_event_summary_keeps_ten_smallest_examples():
-    fn = prep.EventSummaryFn()
+    fn = EventSummaryFn()
     ids = [f"u{i:03d}" for i in range(25)]
     halves = [fn.create_accumulator(), fn.create_accumulator()]
     for n, i in enumerate(reversed(ids)):
@@ -437,15 +449,15 @@ def test_event_summary_keeps_ten_smallest_examples():
 
 
 def test_default_num_shards_rule():
-    assert prep.default_num_shards(0, 0.0) == 1
-    assert prep.default_num_shards(100, 1.4 * 3600) == 1
-    assert prep.default_num_shards(10_000, 7.6 * 3600) == 8
-    assert prep.default_num_shards(3, 50 * 3600) == 3  # Never more shards than records.
-    assert prep.default_num_shards(10**9, 10**7 * 3600) == prep.MAX_SHARDS
+    assert default_num_shards(0, 0.0) == 1
+    assert default_num_shards(100, 1.4 * 3600) == 1
+    assert default_num_shards(10_000, 7.6 * 3600) == 8
+    assert default_num_shards(3, 50 * 3600) == 3  # Never more shards than records.
+    assert default_num_shards(10**9, 10**7 * 3600) == MAX_SHARDS
 
 
 def test_parse_args_passes_beam_flags_through():
-    cfg, rest = prep.parse_args(
+    cfg, rest = parse_args(
         [
             "p",
             "--input",
@@ -463,9 +475,9 @@ def test_parse_args_passes_beam_flags_through():
     )
     assert rest == ["--runner", "FlinkRunner", "--parallelism=4"]
     assert cfg.feature.fmax == 7600.0 and not cfg.train_tokenizer and cfg.num_shards is None
-    options, runner = prep.pipeline_options(rest)
+    options, runner = pipeline_options(rest)
     assert runner is None  # Non-direct runners pass through untouched.
-    options, runner = prep.pipeline_options([])
+    options, runner = pipeline_options([])
     direct = options.get_all_options()
     assert direct["direct_running_mode"] == "multi_processing"
     assert direct["direct_num_workers"] == (os.cpu_count() or 1) and runner is not None
@@ -486,11 +498,11 @@ def test_parse_args_passes_beam_flags_through():
     ],
 )
 def test_parse_manifest_line(line, expected):
-    item = readers.parse_manifest_line(line, 7, "m.jsonl", "/m")
+    item = parse_manifest_line(line, 7, "m.jsonl", "/m")
     if expected is None:
         assert item is None
     elif expected == "malformed":
-        assert (item.id, item.error) == ("m.jsonl:7", readers.MALFORMED)
+        assert (item.id, item.error) == ("m.jsonl:7", MALFORMED)
     else:
         item_id, path, text, speaker = expected
         assert (item.id, item.text, item.speaker, item.error, item.position) == (
@@ -513,5 +525,5 @@ def test_alphabet_skips_transcripts_with_other_characters(corpus, tmp_path):
         "examples": ["wavs/empty", "wavs/good1", "wavs/good2", "wavs/rate8k"],
     }
     assert report["num_written"] == len(GOOD) - 1  # good1, good2, rate8k; stereo stays.
-    with pytest.raises(prep.PrepareError, match="--alphabet must be lowercase"):
+    with pytest.raises(PrepareError, match="--alphabet must be lowercase"):
         _run(corpus, str(tmp_path / "o"), "--alphabet", "ABC", *IN_MEMORY)

@@ -14,7 +14,36 @@ import soundfile as sf
 from array_record.python.array_record_module import ArrayRecordReader
 
 from data_prep import prepare as prep
-from data_prep import readers
+from data_prep.config import parse_args
+from data_prep.readers.audio import cut_segment, load_file_segment, load_item_audio
+from data_prep.readers.common import (
+    MISSING_AUDIO,
+    MISSING_TRANSCRIPT,
+    SEGMENT_OUT_OF_RANGE,
+    UNDECODABLE_AUDIO,
+    AudioError,
+    Item,
+    PrepareError,
+)
+from data_prep.readers.kaldi import (
+    DUPLICATE_WAV_SCP,
+    MALFORMED_WAV_SCP,
+    NO_SEGMENTS_ENTRY,
+    NO_WAV_SCP_ENTRY,
+    PIPE_FAILED,
+    PIPE_NOT_ALLOWED,
+    UNSUPPORTED_WAV_SCP,
+    KaldiAudio,
+    KaldiText,
+    fix_streamed_wav,
+    kaldi_items,
+    load_pipe_audio,
+    parse_segments_value,
+    parse_wav_scp_value,
+)
+from data_prep.readers.librispeech import MALFORMED_TRANSCRIPT, read_librispeech_chapter
+from data_prep.readers.textfiles import parse_transcript_line, split_key
+from data_prep.readers.tfds import read_tfds_chunk, tfds_audio_to_float, tfds_source
 from jaxspeech.data import records
 from tests.data_prep.test_prepare import IN_MEMORY, _tone
 
@@ -116,21 +145,21 @@ def test_librispeech_end_to_end(librispeech, tmp_path):
 
 
 def test_librispeech_clear_errors(librispeech, tmp_path):
-    with pytest.raises(prep.PrepareError, match="LibriSpeech directory not found"):
+    with pytest.raises(PrepareError, match="LibriSpeech directory not found"):
         _prepare("librispeech", str(tmp_path / "nope"), str(tmp_path / "o"))
     # The parent of the split directory: its "chapters" are speaker directories.
-    with pytest.raises(prep.PrepareError, match="not a LibriSpeech split directory"):
+    with pytest.raises(PrepareError, match="not a LibriSpeech split directory"):
         _prepare("librispeech", os.path.dirname(librispeech), str(tmp_path / "o"))
 
 
 def test_read_librispeech_chapter_directly(librispeech):
-    items = list(readers.read_librispeech_chapter(os.path.join(librispeech, "19", "198")))
+    items = list(read_librispeech_chapter(os.path.join(librispeech, "19", "198")))
     assert [(i.id, i.error, i.position) for i in items] == [
         ("19-198-0000", None, 1),
         ("19-198-0001", None, 2),
         ("19-198-0003", None, 3),
-        ("19-198.trans.txt:4", readers.MALFORMED_TRANSCRIPT, 4),
-        ("19-198-0002", readers.MISSING_TRANSCRIPT, 0),
+        ("19-198.trans.txt:4", MALFORMED_TRANSCRIPT, 4),
+        ("19-198-0002", MISSING_TRANSCRIPT, 0),
     ]
     assert {i.speaker for i in items} == {"19"}
     assert items[2].audio_path == os.path.join(librispeech, "19", "198", "19-198-0003.flac")
@@ -289,18 +318,18 @@ def test_kaldi_with_segments(kaldi_segments, tmp_path):
 
 
 def test_kaldi_clear_errors(kaldi_segments, tmp_path):
-    with pytest.raises(prep.PrepareError, match="Kaldi data directory not found"):
+    with pytest.raises(PrepareError, match="Kaldi data directory not found"):
         _prepare("kaldi", str(tmp_path / "nope"), str(tmp_path / "o"))
     (tmp_path / "only_text").mkdir()
     (tmp_path / "only_text" / "text").write_text("u1 hi\n")
-    with pytest.raises(prep.PrepareError, match=r"wav.scp not found .*needs text and wav.scp"):
+    with pytest.raises(PrepareError, match=r"wav.scp not found .*needs text and wav.scp"):
         _prepare("kaldi", str(tmp_path / "only_text"), str(tmp_path / "o"))
     # Only pipes and no --allow_pipes: nothing could be written; say which flag fixes it.
     pipes = tmp_path / "pipes"
     pipes.mkdir()
     (pipes / "wav.scp").write_text("u1 sox a.wav -t wav - |\nu2 flac -c -d -s b.flac |\n")
     (pipes / "text").write_text("u1 one\nu2 two\n")
-    with pytest.raises(prep.PrepareError, match="every entry of .*shell command.*--allow_pipes"):
+    with pytest.raises(PrepareError, match="every entry of .*shell command.*--allow_pipes"):
         _prepare("kaldi", str(pipes), str(tmp_path / "o"))
 
 
@@ -312,78 +341,78 @@ def test_kaldi_clear_errors(kaldi_segments, tmp_path):
         ("gs://bucket/a.flac", ("gs://bucket/a.flac", None)),
         ("sox a.wav -t wav - |", ("pipe:sox a.wav -t wav -", None)),
         ("flac -c -d -s x.flac|", ("pipe:flac -c -d -s x.flac", None)),
-        ("  |", ("", readers.MALFORMED_WAV_SCP)),
-        ("raw.ark:1234", ("raw.ark:1234", readers.UNSUPPORTED_WAV_SCP)),
-        ("-", ("-", readers.UNSUPPORTED_WAV_SCP)),
+        ("  |", ("", MALFORMED_WAV_SCP)),
+        ("raw.ark:1234", ("raw.ark:1234", UNSUPPORTED_WAV_SCP)),
+        ("-", ("-", UNSUPPORTED_WAV_SCP)),
     ],
 )
 def test_parse_wav_scp_value(value, expected):
-    assert readers.parse_wav_scp_value(value, True, "/base") == expected
-    refused = readers.parse_wav_scp_value(value, False, "/base")
+    assert parse_wav_scp_value(value, True, "/base") == expected
+    refused = parse_wav_scp_value(value, False, "/base")
     if value.rstrip().endswith("|") and expected[1] is None:
-        assert refused == (expected[0], readers.PIPE_NOT_ALLOWED)
+        assert refused == (expected[0], PIPE_NOT_ALLOWED)
     else:
         assert refused == expected
 
 
 def test_parse_segments_value():
-    assert readers.parse_segments_value("rec 1.5 2.25") == ("rec", 1.5, 2.25)
-    assert readers.parse_segments_value("rec 0 -1") == ("rec", 0.0, None)
+    assert parse_segments_value("rec 1.5 2.25") == ("rec", 1.5, 2.25)
+    assert parse_segments_value("rec 0 -1") == ("rec", 0.0, None)
     for bad in ("rec 1", "rec a 2", "rec 2 1", "rec 1 1", "rec -1 2", "rec nan 2", "r 0 1 x"):
         with pytest.raises(ValueError):
-            readers.parse_segments_value(bad)
+            parse_segments_value(bad)
 
 
 def test_split_key_and_transcript_lines():
-    assert readers.split_key(b"  \r") is None
-    assert readers.split_key(b"u1\tsome  text \r") == ("u1", b"some  text")
-    assert readers.split_key(b"u1") == ("u1", b"")
-    assert readers.split_key(b"\xff rest") == (None, b"rest")
-    assert readers.parse_transcript_line(b"u1 HELLO WORLD") == ("u1", "HELLO WORLD")
-    assert readers.parse_transcript_line(b"u1 \xff") == ("u1", None)
+    assert split_key(b"  \r") is None
+    assert split_key(b"u1\tsome  text \r") == ("u1", b"some  text")
+    assert split_key(b"u1") == ("u1", b"")
+    assert split_key(b"\xff rest") == (None, b"rest")
+    assert parse_transcript_line(b"u1 HELLO WORLD") == ("u1", "HELLO WORLD")
+    assert parse_transcript_line(b"u1 \xff") == ("u1", None)
 
 
 def test_kaldi_items_rules():
-    text = [readers.KaldiText(3, "hi"), readers.KaldiText(1, "first")]
-    wav = readers.KaldiAudio("wav.scp", 5, "/a.wav")
-    dup = readers.KaldiAudio("wav.scp", 9, "/b.wav")
-    items = list(readers.kaldi_items("u", text, [dup, wav], [], readers.NO_WAV_SCP_ENTRY))
+    text = [KaldiText(3, "hi"), KaldiText(1, "first")]
+    wav = KaldiAudio("wav.scp", 5, "/a.wav")
+    dup = KaldiAudio("wav.scp", 9, "/b.wav")
+    items = list(kaldi_items("u", text, [dup, wav], [], NO_WAV_SCP_ENTRY))
     assert [(i.id, i.audio_path, i.text, i.error, i.position, i.speaker) for i in items] == [
-        ("wav.scp:9", "", None, readers.DUPLICATE_WAV_SCP, 9, "unknown"),
+        ("wav.scp:9", "", None, DUPLICATE_WAV_SCP, 9, "unknown"),
         ("u", "/a.wav", "first", None, 1, "unknown"),  # No utt2spk: no speaker.
         ("u", "/a.wav", "hi", None, 3, "unknown"),  # Skipped downstream as duplicate_id.
     ]
-    [only_audio] = readers.kaldi_items("u", [], [wav], [(2, "s")], readers.NO_WAV_SCP_ENTRY)
-    assert (only_audio.error, only_audio.speaker) == (readers.MISSING_TRANSCRIPT, "s")
-    [no_audio] = readers.kaldi_items("u", text[:1], [], [], readers.NO_SEGMENTS_ENTRY)
-    assert (no_audio.error, no_audio.audio_path) == (readers.NO_SEGMENTS_ENTRY, "")
-    refused = readers.KaldiAudio("segments", 4, "pipe:x", readers.PIPE_NOT_ALLOWED, 1.0, None)
-    [item] = readers.kaldi_items("u", text[:1], [refused], [], readers.NO_SEGMENTS_ENTRY)
-    assert (item.error, item.start, item.end) == (readers.PIPE_NOT_ALLOWED, 1.0, None)
-    assert list(readers.kaldi_items("u", [], [], [(1, "s")], readers.NO_WAV_SCP_ENTRY)) == []
+    [only_audio] = kaldi_items("u", [], [wav], [(2, "s")], NO_WAV_SCP_ENTRY)
+    assert (only_audio.error, only_audio.speaker) == (MISSING_TRANSCRIPT, "s")
+    [no_audio] = kaldi_items("u", text[:1], [], [], NO_SEGMENTS_ENTRY)
+    assert (no_audio.error, no_audio.audio_path) == (NO_SEGMENTS_ENTRY, "")
+    refused = KaldiAudio("segments", 4, "pipe:x", PIPE_NOT_ALLOWED, 1.0, None)
+    [item] = kaldi_items("u", text[:1], [refused], [], NO_SEGMENTS_ENTRY)
+    assert (item.error, item.start, item.end) == (PIPE_NOT_ALLOWED, 1.0, None)
+    assert list(kaldi_items("u", [], [], [(1, "s")], NO_WAV_SCP_ENTRY)) == []
 
 
 def test_pipe_audio_loading(tmp_path):
     path = _write(tmp_path / "x.wav", _tone(0.3, 8000, 1, channels=2), 8000)
-    audio, rate = readers.load_pipe_audio(f"cat {path}")
+    audio, rate = load_pipe_audio(f"cat {path}")
     assert rate == 8000 and audio.shape == (2400, 2)
-    item = readers.Item("u", f"pipe:cat {path}", "t", "s", start=0.1, end=0.2)
-    cfg = prep.parse_args(["p", "--input", "i", "--output", "o", "--split", "s"])[0]
-    with pytest.raises(readers.AudioError) as e:
-        readers.load_item_audio(item, cfg)  # Refused by the loader too, whatever the reader.
-    assert e.value.reason == readers.PIPE_NOT_ALLOWED
-    cut, _ = readers.load_item_audio(item, dataclasses.replace(cfg, allow_pipes=True))
+    item = Item("u", f"pipe:cat {path}", "t", "s", start=0.1, end=0.2)
+    cfg = parse_args(["p", "--input", "i", "--output", "o", "--split", "s"])[0]
+    with pytest.raises(AudioError) as e:
+        load_item_audio(item, cfg)  # Refused by the loader too, whatever the reader.
+    assert e.value.reason == PIPE_NOT_ALLOWED
+    cut, _ = load_item_audio(item, dataclasses.replace(cfg, allow_pipes=True))
     np.testing.assert_array_equal(cut, audio[800:1600])
     for command, reason in [
-        ("echo oops >&2; exit 3", readers.PIPE_FAILED),
-        ("echo not audio", readers.UNDECODABLE_AUDIO),
+        ("echo oops >&2; exit 3", PIPE_FAILED),
+        ("echo not audio", UNDECODABLE_AUDIO),
     ]:
-        with pytest.raises(readers.AudioError) as e:
-            readers.load_pipe_audio(command)
+        with pytest.raises(AudioError) as e:
+            load_pipe_audio(command)
         assert e.value.reason == reason
-    with pytest.raises(readers.AudioError, match="timed out") as e:
-        readers.load_pipe_audio("sleep 5 | cat", timeout_s=0.2)
-    assert e.value.reason == readers.PIPE_FAILED
+    with pytest.raises(AudioError, match="timed out") as e:
+        load_pipe_audio("sleep 5 | cat", timeout_s=0.2)
+    assert e.value.reason == PIPE_FAILED
 
 
 def test_file_segment_reads_by_seeking_the_same_samples(kaldi_segments):
@@ -392,15 +421,15 @@ def test_file_segment_reads_by_seeking_the_same_samples(kaldi_segments):
         whole = sf.read(path, dtype="float32", always_2d=True)[0]
         seconds = whole.shape[0] / 16000
         for start, end in [(0.25, 1.0), (1.5, None), (0.0, seconds + 0.005)]:  # Within 10 ms.
-            audio, rate = readers.load_file_segment(path, start, end)
+            audio, rate = load_file_segment(path, start, end)
             assert rate == 16000
-            np.testing.assert_array_equal(audio, readers.cut_segment(whole, rate, start, end))
+            np.testing.assert_array_equal(audio, cut_segment(whole, rate, start, end))
         for start, end in [(seconds, None), (1.0, seconds + 0.02)]:
-            with pytest.raises(readers.AudioError) as e:
-                readers.load_file_segment(path, start, end)
-            assert e.value.reason == readers.SEGMENT_OUT_OF_RANGE
+            with pytest.raises(AudioError) as e:
+                load_file_segment(path, start, end)
+            assert e.value.reason == SEGMENT_OUT_OF_RANGE
     with pytest.raises(FileNotFoundError):
-        readers.load_file_segment(os.path.join(kaldi_segments, "nope.wav"), 0.0, 1.0)
+        load_file_segment(os.path.join(kaldi_segments, "nope.wav"), 0.0, 1.0)
 
 
 def test_fix_streamed_wav():
@@ -412,9 +441,9 @@ def test_fix_streamed_wav():
     struct.pack_into("<I", streamed, data_at + 4, 0)  # What a writer that cannot seek leaves.
     struct.pack_into("<I", streamed, 4, 0)
     assert sf.read(io.BytesIO(bytes(streamed)))[0].size == 0  # libsndfile: no samples.
-    assert readers.fix_streamed_wav(bytes(streamed)) == good
-    assert readers.fix_streamed_wav(good) == good
-    assert readers.fix_streamed_wav(b"fLaC...") == b"fLaC..."
+    assert fix_streamed_wav(bytes(streamed)) == good
+    assert fix_streamed_wav(good) == good
+    assert fix_streamed_wav(b"fLaC...") == b"fLaC..."
 
 
 # =============================================================================================
@@ -533,47 +562,47 @@ def test_tfds_end_to_end(tfds_dir, tmp_path):
 def test_tfds_reader_and_loader_without_pipeline(tfds_dir):
     """Float (N, 2) audio without id/speaker features, read chunk by chunk and loaded."""
     argv = ["p", "--format", "tfds", "--input", "tiny_stereo", "--output", "o", "--split", "train"]
-    cfg = prep.parse_args([*argv, "--tfds_data_dir", tfds_dir, "--tfds_sample_rate", "8000"])[0]
-    source = readers.tfds_source(cfg)
+    cfg = parse_args([*argv, "--tfds_data_dir", tfds_dir, "--tfds_sample_rate", "8000"])[0]
+    source = tfds_source(cfg)
     assert (source.id_key, source.speaker_key, source.num_records) == (None, None, 2)
-    items = list(readers.read_tfds_chunk((0, 2), source))
+    items = list(read_tfds_chunk((0, 2), source))
     assert [(i.id, i.speaker, i.audio_path) for i in items] == [
         ("train-00000000", "unknown", "tfds:0"),
         ("train-00000001", "unknown", "tfds:1"),
     ]
     for item in items:
-        audio, rate = readers.load_item_audio(item, cfg)
+        audio, rate = load_item_audio(item, cfg)
         seed = int(item.text.split()[1])
         assert rate == 8000
         np.testing.assert_array_equal(audio, _tone(0.3, 8000, seed, channels=2))
-    with pytest.raises(readers.AudioError) as e:
-        readers.load_item_audio(items[0]._replace(audio_path="tfds:7"), cfg)
-    assert e.value.reason == readers.MISSING_AUDIO
+    with pytest.raises(AudioError) as e:
+        load_item_audio(items[0]._replace(audio_path="tfds:7"), cfg)
+    assert e.value.reason == MISSING_AUDIO
 
 
 def test_tfds_clear_errors(tfds_dir, tmp_path):
     def run(name: str, *extra: str) -> None:
         _prepare("tfds", name, str(tmp_path / "o"), "--tfds_data_dir", tfds_dir, *extra)
 
-    with pytest.raises(prep.PrepareError, match="'no_such_ds' .* not found"):
+    with pytest.raises(PrepareError, match="'no_such_ds' .* not found"):
         run("no_such_ds")
-    with pytest.raises(prep.PrepareError, match=r"no split 'test' .*splits: dev, train"):
+    with pytest.raises(PrepareError, match=r"no split 'test' .*splits: dev, train"):
         run("tiny_speech", "--tfds_split", "test")
-    with pytest.raises(prep.PrepareError, match=r"no feature 'wave'.*features: audio, id, spe"):
+    with pytest.raises(PrepareError, match=r"no feature 'wave'.*features: audio, id, spe"):
         run("tiny_speech", "--tfds_audio_key", "wave")
-    with pytest.raises(prep.PrepareError, match="no feature 'spk' .--tfds_speaker_key"):
+    with pytest.raises(PrepareError, match="no feature 'spk' .--tfds_speaker_key"):
         run("tiny_speech", "--tfds_speaker_key", "spk")  # Explicit: must exist.
-    with pytest.raises(prep.PrepareError, match="pass --tfds_sample_rate"):
+    with pytest.raises(PrepareError, match="pass --tfds_sample_rate"):
         run("tiny_stereo")
 
 
 def test_tfds_audio_to_float():
     i16 = np.array([-32768, 0, 16384], np.int16)
-    np.testing.assert_array_equal(readers.tfds_audio_to_float(i16)[:, 0], [-1.0, 0.0, 0.5])
+    np.testing.assert_array_equal(tfds_audio_to_float(i16)[:, 0], [-1.0, 0.0, 0.5])
     i32 = np.array([[-(2**31), 2**30]], np.int32)
-    np.testing.assert_array_equal(readers.tfds_audio_to_float(i32), [[-1.0, 0.5]])
+    np.testing.assert_array_equal(tfds_audio_to_float(i32), [[-1.0, 0.5]])
     f64 = np.zeros((4, 3))
-    assert readers.tfds_audio_to_float(f64).dtype == np.float32
+    assert tfds_audio_to_float(f64).dtype == np.float32
     for bad in (np.zeros((2, 2, 2), np.float32), np.zeros(3, np.uint8)):
-        with pytest.raises(readers.AudioError):
-            readers.tfds_audio_to_float(bad)
+        with pytest.raises(AudioError):
+            tfds_audio_to_float(bad)

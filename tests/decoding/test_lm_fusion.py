@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from ml_collections import ConfigDict
 
-from jaxspeech import search
+from jaxspeech.decoding import search
 from jaxspeech.decoding.ctc import ctc_prefix_beam_search
 from jaxspeech.decoding.lm import Fusion, NgramLM, TokenWords
 from jaxspeech.decoding.rnnt_fusion import PredictorBeam, rnnt_beam_search_fused

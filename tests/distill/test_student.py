@@ -1,4 +1,4 @@
-"""The soft-target loss inside the training step (jaxspeech.step with SoftTargets) against
+"""The soft-target loss inside the training step (jaxspeech.training.step with SoftTargets) against
 the loss computed directly from the model's CTC logits, and the loader's targets filler on
 labeled and untranscribed batches."""
 
@@ -12,14 +12,17 @@ import pytest
 from flax import nnx
 
 from configs import demo
-from jaxspeech import state as state_lib
-from jaxspeech import step as step_lib
+from jaxspeech.config import build
 from jaxspeech.data import mixing
 from jaxspeech.data.pipeline import PAD_INDEX, PlannedBatch, empty_batch
 from jaxspeech.distill import student
 from jaxspeech.losses import distill as distill_losses
 from jaxspeech.parallel import mesh as mesh_lib
 from jaxspeech.parallel import rules
+from jaxspeech.training import batch as batch_lib
+from jaxspeech.training import objective
+from jaxspeech.training import state as state_lib
+from jaxspeech.training import step as step_lib
 from tests.distill.test_targets import SPLIT, data, reference  # noqa: F401  (shared fixtures)
 from tests.e2e.cli import run_module, tiny_train_args
 from tests.e2e.conftest import corpus, tiny_run  # noqa: F401
@@ -60,14 +63,14 @@ def _batch(frames, rng):
 
 def test_step_soft_loss_equals_the_direct_computation():
     config, rng = _config(), np.random.default_rng(0)
-    soft = step_lib.SoftTargets(weight=0.5, kind="kl", rest="spread", temperature=2.0)
-    mesh = state_lib.mesh_from_config(config)
-    with rules.axis_rules(state_lib.rules_from_config(config)):
+    soft = objective.SoftTargets(weight=0.5, kind="kl", rest="spread", temperature=2.0)
+    mesh = build.mesh_from_config(config)
+    with rules.axis_rules(build.rules_from_config(config)):
         f = config.features.num_mel_bins
-        ts = state_lib.init_train_state(
+        state, setup = state_lib.init_train_state(
             config, VOCAB, mesh, np.zeros(f), np.ones(f), tx=optax.sgd(0.0)
         )
-        graphdef = ts.spec.graphdef
+        graphdef = setup.spec.graphdef
 
         @jax.jit
         def forward(params, model_vars, audio, audio_len):
@@ -76,25 +79,20 @@ def test_step_soft_loss_equals_the_direct_computation():
             return model.ctc_logits(enc), enc_len
 
         lengths = jnp.array([16000, 12000, 16000, 9000, 16000, 14000, 10000, 16000])
-        logits, enc_len = forward(ts.params, ts.model_vars, jnp.zeros((8, 16000)), lengths)
+        logits, enc_len = forward(state.params, state.model_vars, jnp.zeros((8, 16000)), lengths)
         batch = _batch(logits.shape[1], rng)
         batch["teacher_len"][:] = np.asarray(enc_len)
         batch["teacher_len"][6] += 1  # a mismatch: counted, not trained
-        step = jax.jit(
-            step_lib.make_train_step(ts.spec.graphdef, ts.tx, 0, 0, config.loss, soft=soft),
-            in_shardings=(
-                ts.spec.param_shardings,
-                ts.spec.var_shardings,
-                ts.opt_shardings,
-                step_lib.batch_shardings(mesh, soft_targets=True),
-                None,
-            ),
+        step = step_lib.jit_train_step(
+            setup,
+            step_lib.make_train_step(graphdef, setup.tx, 0, 0, config.loss, soft=soft),
+            batch_lib.batch_shardings(mesh, soft_targets=True),
         )
         with jax.set_mesh(mesh):
-            _, _, m = step(
-                ts.params, ts.model_vars, ts.opt_state, mesh_lib.host_to_global(mesh, batch), 0
+            _, m = step(state, mesh_lib.host_to_global(mesh, batch))
+            logits, enc_len = forward(
+                state.params, state.model_vars, batch["audio"], batch["audio_len"]
             )
-            logits, enc_len = forward(ts.params, ts.model_vars, batch["audio"], batch["audio_len"])
     loss_b, ok = distill_losses.distill_loss(
         logits,
         enc_len,

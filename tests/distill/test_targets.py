@@ -16,16 +16,16 @@ import pytest
 from array_record.python.array_record_module import ArrayRecordWriter
 from flax import nnx
 
-from jaxspeech import state as state_lib
 from jaxspeech.data import pipeline as pipeline_lib
 from jaxspeech.data import reader as reader_lib
 from jaxspeech.data import records
 from jaxspeech.data.tokenizer import Tokenizer, normalize_text
 from jaxspeech.decoding import ctc as ctc_decoding
+from jaxspeech.distill import job as job_lib
 from jaxspeech.distill import records as trecords
-from jaxspeech.distill import targets
 from jaxspeech.errors import UserError
 from jaxspeech.parallel import mesh as mesh_lib
+from jaxspeech.runs import loading
 from tests.e2e.cli import run_module, tiny_train_args
 from tests.e2e.conftest import corpus, tiny_run  # noqa: F401  (the session's fixtures)
 from tests.sharing import built_once
@@ -220,7 +220,7 @@ def test_targets_match_the_teacher_run_directly(data, tiny_run, reference):  # n
     longer = [j for j in range(2, 9) if 3.0 < index.durations[start2 + j] < LAST_BUCKET]
     by_shard = [(0, 0), (0, 1), (2, longer[0])]  # the second one in the 6.5 s bucket
     mesh = mesh_lib.make_mesh({"data": 1}, devices=jax.devices()[:1])
-    run = state_lib.load_run(str(tiny_run[0]), mesh=mesh)
+    run = loading.load_run(str(tiny_run[0]), mesh=mesh)
     model = nnx.merge(run.spec.graphdef, run.params, run.model_vars)
     for shard, j in by_shard:
         path, count = index.shard_paths[shard], index.shard_num_records[shard]
@@ -430,11 +430,11 @@ def test_requests_that_cannot_run_are_refused(data, tiny_run, tmp_path):  # noqa
         ({"pseudo_dir": pdir, "min_confidence": 1.5}, "--min_confidence must be in [0, 1]"),
         ({"pseudo_dir": pdir, "data": str(nostats)}, "stats.json not found"),
     ]
-    ok = targets.Request(str(tiny_run[0]), str(data), SPLIT, K, str(tmp_path / "out"))
-    targets.check_request(dataclasses.replace(ok, pseudo_dir=pdir))
+    ok = job_lib.Request(str(tiny_run[0]), str(data), SPLIT, K, str(tmp_path / "out"))
+    job_lib.check_request(dataclasses.replace(ok, pseudo_dir=pdir))
     for change, message in cases:
         with pytest.raises(UserError) as e:
-            targets.check_request(dataclasses.replace(ok, **change))
+            job_lib.check_request(dataclasses.replace(ok, **change))
         assert message in str(e.value), (change, str(e.value))
 
 
@@ -446,20 +446,20 @@ def test_a_rerun_keeps_matching_shards_and_refuses_another_jobs(
 ):
     out = tmp_path / "out"
     shutil.copytree(reference[0], out)
-    req = targets.Request(str(tiny_run[0]), str(data), SPLIT, K, str(out))
+    req = job_lib.Request(str(tiny_run[0]), str(data), SPLIT, K, str(out))
     # In this process: 8 devices, so other batch shapes than the reference's one device;
     # its shards still count as this job's (the numbers differ by float rounding only).
-    job = targets.load_job(req, *targets.check_request(req))
+    job = job_lib.load_job(req, *job_lib.check_request(req))
     assert job.spec.batch_sizes == (8, 8)
-    assert all(targets.complete_marker(job, s) is not None for s in range(SHARDS))
+    assert all(job_lib.complete_marker(job, s) is not None for s in range(SHARDS))
     # Pseudo-labels asked for now, but not made then: every shard is redone.
     with_pseudo = dataclasses.replace(req, pseudo_dir=str(tmp_path / "pseudo"))
-    assert targets.complete_marker(dataclasses.replace(job, req=with_pseudo), 0) is None
+    assert job_lib.complete_marker(dataclasses.replace(job, req=with_pseudo), 0) is None
     # A shard that is not what its marker says (here one byte longer) is redone.
     with open(out / SPLIT / trecords.targets_name(1, SHARDS), "ab") as f:
         f.write(b"x")
-    assert targets.complete_marker(job, 1) is None
+    assert job_lib.complete_marker(job, 1) is None
     # Another K into the same directory: refused, never mixed in.
     other = dataclasses.replace(job, req=dataclasses.replace(req, top_k=K + 1))
     with pytest.raises(UserError, match="holds the targets of another job"):
-        targets.complete_marker(other, 0)
+        job_lib.complete_marker(other, 0)

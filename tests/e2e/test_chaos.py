@@ -9,7 +9,8 @@ import os
 
 import pytest
 
-from jaxspeech import monitor
+from benchmarks.lib import disruptions
+from jaxspeech.runs import events as run_events
 from tests.e2e.cli import session_overrides
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -53,9 +54,9 @@ def test_quick_chaos_resumes_exactly(corpus, tmp_path):
     assert r["skipped_records"] >= 1 and len(r["faulty_records"]) >= 1, r["faulty_records"]
     assert r["skips_equal"] and r["disrupted_after_a_skip"], r["skipped_at_steps"]
     events = r["events"]
-    chaos_events = monitor.read_events(str(tmp_path / "runs" / "chaos"))
+    chaos_events = run_events.read_events(str(tmp_path / "runs" / "chaos"))
     assert r["disruptions"] == len(events) == 3
-    assert sorted(e["kind"] for e in events) == sorted(bench.KINDS)
+    assert sorted(e["kind"] for e in events) == sorted(disruptions.KINDS)
     # At least one SIGKILL landed while Orbax was still writing: its temporary directory
     # was left behind and the restart went back to the save before it.
     during = [e for e in events if e["kind"] == "sigkill_save"]

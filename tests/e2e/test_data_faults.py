@@ -9,11 +9,13 @@ import shutil
 
 import pytest
 
-from jaxspeech import evaluate, faults, inputs, monitor, train
+from jaxspeech.config.build import mesh_from_config
 from jaxspeech.data import records
 from jaxspeech.errors import UserError
+from jaxspeech.evaluation import run as eval_run
 from jaxspeech.parallel import rules
-from jaxspeech.state import mesh_from_config
+from jaxspeech.runs import events, faults
+from jaxspeech.training import inputs, trainer
 from tests.data import damage
 from tests.e2e.cli import tiny_config
 
@@ -44,12 +46,12 @@ def test_evaluation_counts_unreadable_utterances_and_refuses_a_damaged_split(
     total = records.read_split_index(str(data), "dev").num_records
     run = str(tiny_run_copy)
     with pytest.raises(faults.CorpusDamaged) as e:  # the run's limit: 0.1% of the split
-        evaluate.evaluate_workdir(run, str(data), "dev", None)
+        eval_run.evaluate_workdir(run, str(data), "dev", None)
     assert str(e.value).startswith(
         f"1 of the {total} records of dev could not be read or decoded in epoch 0"
     )
     assert f"{shard} (1 bad)" in str(e.value)
-    result = evaluate.evaluate_workdir(run, str(data), "dev", None, max_corrupt_fraction=0.5)
+    result = eval_run.evaluate_workdir(run, str(data), "dev", None, max_corrupt_fraction=0.5)
     assert result["skipped_unreadable"] == 1 and result["num_utts"] == total - 1
     saved = json.load(open(os.path.join(run, "eval", f"dev-step{result['step']}.json")))
     assert saved["skipped_unreadable"] == 1
@@ -67,14 +69,14 @@ def test_training_stops_past_the_corrupt_fraction_naming_the_shard(corpus, tmp_p
     shard, index = _damaged_copy(shards, tmp_path / "data", "train", first)
     workdir = tmp_path / "run"
     with pytest.raises(faults.CorpusDamaged) as e:
-        train.train_and_evaluate(config, str(workdir))
+        trainer.train_and_evaluate(config, str(workdir))
     msg = str(e.value)
     total = records.read_split_index(str(tmp_path / "data"), "train").num_records
     assert msg.startswith(
         f"1 of the {total} records of train could not be read or decoded in epoch 0"
     )
     assert f"{shard} (1 bad)" in msg and "data_prep.verify" in msg
-    names = [ev["event"] for ev in monitor.read_events(str(workdir))]
+    names = [ev["event"] for ev in events.read_events(str(workdir))]
     assert names[-2:] == ["records_skipped", "corpus_damaged"]
     (line,) = open(workdir / "data_faults" / "p0.jsonl").read().splitlines()
     assert json.loads(line) | {"error": ""} == {
@@ -96,9 +98,9 @@ def test_a_missing_or_truncated_shard_stops_training_before_any_work(corpus, tmp
     workdir = tmp_path / "run"
     config = tiny_config(str(data))
     with pytest.raises(UserError, match="unreadable") as e:
-        train.train_and_evaluate(config, str(workdir))
+        trainer.train_and_evaluate(config, str(workdir))
     assert index.shard_paths[0] in str(e.value) and "data_prep.verify" in str(e.value)
     os.remove(index.shard_paths[0])
     with pytest.raises(UserError, match=f"{index.shard_paths[0]}: missing"):
-        train.train_and_evaluate(config, str(workdir))
+        trainer.train_and_evaluate(config, str(workdir))
     assert not (workdir / "checkpoints").exists()  # nothing was compiled or saved

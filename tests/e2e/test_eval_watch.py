@@ -5,7 +5,8 @@ timeout. The in-loop evaluation of several splits is checked on the tiny run its
 
 import json
 
-from jaxspeech import eval_watch, monitor
+from jaxspeech.evaluation import watcher as eval_watch
+from jaxspeech.runs import events as run_events
 from tests.e2e.cli import run_module
 
 SPLITS = ["dev", "test"]
@@ -21,7 +22,7 @@ def test_the_watcher_scores_every_checkpoint_once_per_split_and_resumes(corpus, 
     run = tiny_run_copy
     # The in-loop evaluation scored both of the tiny run's splits at its last step (the
     # first split's WER is the one that ranks checkpoints).
-    evaluated = [e for e in monitor.read_events(str(run)) if e["event"] == "evaluated"]
+    evaluated = [e for e in run_events.read_events(str(run)) if e["event"] == "evaluated"]
     assert [(e["split"], e["step"]) for e in evaluated] == [("dev", 8), ("test", 8)]
 
     got = eval_watch.watch(str(run), str(shards), SPLITS, poll_s=0)

@@ -13,12 +13,13 @@ import jax
 import numpy as np
 import pytest
 
-from jaxspeech import evaluate, export
 from jaxspeech.data import reader
 from jaxspeech.data.tokenizer import Tokenizer, normalize_text
 from jaxspeech.decoding import ctc as ctc_decoding
 from jaxspeech.errors import UserError
+from jaxspeech.evaluation import run as eval_run
 from jaxspeech.metrics.wer import ErrorCounts
+from jaxspeech.serving import export as export_lib
 from tests.conftest import onnx_converter
 from tests.e2e.cli import run_module
 
@@ -35,7 +36,7 @@ def artifact(tiny_run, corpus, tmp_path_factory):
     proc = run_module(
         "jaxspeech.export", "--workdir", str(workdir), "--output", str(out), "--data", str(shards)
     )
-    manifest = json.loads((out / export.MANIFEST).read_text())
+    manifest = json.loads((out / export_lib.MANIFEST).read_text())
     return out, manifest, json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -84,7 +85,7 @@ def test_artifact_decodes_the_test_split_like_evaluate(artifact, tiny_run, corpu
     counts = ErrorCounts()
     for r, hyp in zip(recs, _stablehlo_texts(artifact, recs), strict=True):
         counts.add(normalize_text(r["text"]), hyp)
-    want = evaluate.evaluate_workdir(str(workdir), str(shards), "test", 8)
+    want = eval_run.evaluate_workdir(str(workdir), str(shards), "test", 8)
     assert counts.utterances == want["num_utts"]
     assert counts.cer == pytest.approx(want["cer"], abs=1e-5)
 
@@ -104,7 +105,7 @@ def test_onnx_int8_export_and_the_runtime_only_transcriber(artifact, tiny_run, c
         "--int8", "--calibration", f"{shards}:train", "--calibration_utts", "4",
         "--eval_split", "", "--onnx_python", onnx_converter(),
     )  # fmt: skip
-    manifest = json.loads((out / export.MANIFEST).read_text())
+    manifest = json.loads((out / export_lib.MANIFEST).read_text())
     assert manifest["format"] == "onnx" and manifest["quantization"] == "quantization.json"
     ctc = manifest["functions"]["ctc"]
     assert (ctc["file"], ctc["int8_file"]) == ("ctc.onnx", "ctc.int8.onnx")
@@ -143,7 +144,7 @@ def test_onnx_int8_export_and_the_runtime_only_transcriber(artifact, tiny_run, c
     counts = ErrorCounts()
     for r, hyp in zip(recs, texts[False], strict=True):
         counts.add(normalize_text(r["text"]), hyp)
-    want = evaluate.evaluate_workdir(str(workdir), str(shards), "test", 8)
+    want = eval_run.evaluate_workdir(str(workdir), str(shards), "test", 8)
     assert counts.cer == pytest.approx(want["cer"], abs=1e-5)
     assert len(texts[True]) == len(recs)
 
@@ -152,26 +153,26 @@ def test_user_mistakes_are_one_clear_error_each(tiny_run, corpus, tmp_path):
     workdir, _ = tiny_run
     _, shards = corpus
     with pytest.raises(UserError, match="unknown export format 'tflite'"):
-        export.export_run(str(workdir), str(tmp_path / "a"), fmt="tflite")
+        export_lib.export_run(str(workdir), str(tmp_path / "a"), fmt="tflite")
     bare = tmp_path / "no_checkpoints"
     shutil.copytree(workdir, bare, ignore=shutil.ignore_patterns("checkpoints"))
     with pytest.raises(UserError, match="checkpoints"):
-        export.export_run(str(bare), str(tmp_path / "b"), eval_split="")
+        export_lib.export_run(str(bare), str(tmp_path / "b"), eval_split="")
     with pytest.raises(UserError, match="no_such_split"):
-        export.export_run(str(workdir), str(tmp_path / "c"), data_dir=str(shards),
+        export_lib.export_run(str(workdir), str(tmp_path / "c"), data_dir=str(shards),
                           eval_split="no_such_split")  # fmt: skip
     with pytest.raises(UserError, match="not a jaxspeech run directory"):
-        export.export_run(str(tmp_path), str(tmp_path / "d"))
+        export_lib.export_run(str(tmp_path), str(tmp_path / "d"))
     with pytest.raises(UserError, match="--int8 needs --format onnx"):
-        export.export_run(str(workdir), str(tmp_path / "e"), int8=True)
+        export_lib.export_run(str(workdir), str(tmp_path / "e"), int8=True)
     with pytest.raises(UserError, match="--int8 needs --calibration DATA_DIR:SPLIT"):
-        export.export_run(str(workdir), str(tmp_path / "f"), fmt="onnx", int8=True)
+        export_lib.export_run(str(workdir), str(tmp_path / "f"), fmt="onnx", int8=True)
     with pytest.raises(UserError, match="calibration split: no prepared split .*no_such"):
-        export.export_run(str(workdir), str(tmp_path / "g"), fmt="onnx", int8=True,
+        export_lib.export_run(str(workdir), str(tmp_path / "g"), fmt="onnx", int8=True,
                           calibration=f"{shards}:no_such")  # fmt: skip
     with pytest.raises(UserError, match="unknown calibration method 'kl'"):
-        export.export_run(str(workdir), str(tmp_path / "h"), fmt="onnx", int8=True,
+        export_lib.export_run(str(workdir), str(tmp_path / "h"), fmt="onnx", int8=True,
                           calibration=f"{shards}:dev", calibration_method="kl")  # fmt: skip
     with pytest.raises(UserError, match="ONNX converter's environment is missing"):
-        export.export_run(str(workdir), str(tmp_path / "i"), fmt="onnx", eval_split="",
+        export_lib.export_run(str(workdir), str(tmp_path / "i"), fmt="onnx", eval_split="",
                           onnx_python=str(tmp_path / "no_python"))  # fmt: skip

@@ -16,8 +16,10 @@ import time
 import numpy as np
 import pytest
 
-from jaxspeech import monitor, train
 from jaxspeech.errors import UserError
+from jaxspeech.runs import events as run_events
+from jaxspeech.runs import loading
+from jaxspeech.training import trainer
 from tests.e2e.cli import ROOT, cpu_env, run_module, tiny_config
 from tests.e2e.cli import tiny_train_args as tiny_args
 from tests.test_launch_local import LineReader, assert_gone
@@ -54,7 +56,7 @@ def steps_of(ckpt_dir):
 
 def events(workdir, *names) -> list[dict]:
     """RUN/events.jsonl's events called `names` (all without names), in order."""
-    return [e for e in monitor.read_events(str(workdir)) if not names or e["event"] in names]
+    return [e for e in run_events.read_events(str(workdir)) if not names or e["event"] in names]
 
 
 def _multihost(workdir, shards, *extra):
@@ -77,11 +79,10 @@ def _metrics(workdir) -> dict[int, dict]:
 def _checkpoint_params(workdir, step) -> list:
     import jax
 
-    from jaxspeech import state as state_lib
     from jaxspeech.parallel import mesh as mesh_lib
 
     mesh = mesh_lib.make_mesh({"data": 1}, devices=jax.devices()[:1])
-    params = state_lib.load_run(str(workdir), step=step, mesh=mesh).params
+    params = loading.load_run(str(workdir), step=step, mesh=mesh).params
     return [np.asarray(x) for x in jax.tree.leaves(params)]
 
 
@@ -239,14 +240,14 @@ def test_corrupt_latest_checkpoint_falls_back_and_bad_configs_are_refused(
     config_before = (run / "config.json").read_text()
     other_model = tiny_config(shards, "--config.model.conformer.dim=48")
     with pytest.raises(UserError, match="was written by a different model or optimizer") as e:
-        train.train_and_evaluate(other_model, str(run))
+        trainer.train_and_evaluate(other_model, str(run))
     assert re.search(r"encoder/.*: checkpoint float32\[.*32.*\], this run float32", str(e.value))
     assert (run / "config.json").read_text() == config_before
     # ... nor is it a starting point for another model (a path that is no run:
     # test_checkpoint.py).
     other_model.init_from = str(run)
     with pytest.raises(UserError, match="config.init_from: checkpoint 8") as e:
-        train.train_and_evaluate(other_model, str(tmp_path / "refused"))
+        trainer.train_and_evaluate(other_model, str(tmp_path / "refused"))
     assert "was written by a different model" in str(e.value)
 
     # A new run of the same model starts from this run's parameters (fine-tuning).

@@ -8,8 +8,8 @@ import jax
 import numpy as np
 import pytest
 
-from jaxspeech import state as state_lib
 from jaxspeech.parallel import mesh as mesh_lib
+from jaxspeech.runs import loading
 from tests.e2e.cli import cpu_env, run_module, tiny_train_args
 
 pytestmark = pytest.mark.slow
@@ -42,7 +42,7 @@ def _losses(workdir) -> dict[int, float]:
 
 def _params(workdir):
     mesh = mesh_lib.make_mesh({"data": 1}, devices=jax.devices()[:1])
-    return jax.tree.map(np.asarray, state_lib.load_run(str(workdir), mesh=mesh).params)
+    return jax.tree.map(np.asarray, loading.load_run(str(workdir), mesh=mesh).params)
 
 
 def test_two_processes_match_one_process_and_resume(corpus, tmp_path):

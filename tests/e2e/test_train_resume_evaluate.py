@@ -9,10 +9,12 @@ import pytest
 import soundfile as sf
 
 from data_prep import lm as lm_build
-from jaxspeech import evaluate, monitor, transcribe
-from jaxspeech import state as state_lib
 from jaxspeech.data import reader
+from jaxspeech.evaluation import run as eval_run
 from jaxspeech.parallel import mesh as mesh_lib
+from jaxspeech.runs import events as run_events
+from jaxspeech.runs import loading
+from jaxspeech.serving import transcribe as transcribe_lib
 from tests.e2e.cli import run_module, train_args
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -30,7 +32,7 @@ def train(workdir, shards, *extra):
 def final_params(workdir):
     """(latest step, host copies of its {"params", "model_vars"}) of a run."""
     mesh = mesh_lib.make_mesh({"data": 1}, devices=jax.devices()[:1])
-    run = state_lib.load_run(str(workdir), mesh=mesh)
+    run = loading.load_run(str(workdir), mesh=mesh)
     model = {"params": run.params, "model_vars": run.model_vars}
     return run.step, jax.tree.map(np.asarray, model)
 
@@ -39,7 +41,7 @@ def _events(workdir) -> list[tuple]:
     """(event, step) of RUN/events.jsonl in order, with each `checkpoint_committed` checked
     to follow its `checkpoint_saved` and then left out: a commit is noticed when the
     background write is found finished, at no fixed place in the sequence."""
-    events = [(e["event"], e.get("step")) for e in monitor.read_events(str(workdir))]
+    events = [(e["event"], e.get("step")) for e in run_events.read_events(str(workdir))]
     saved = [i for i, (name, _) in enumerate(events) if name == "checkpoint_saved"]
     for i in saved:
         step = events[i][1]
@@ -135,7 +137,7 @@ def test_transducer_head_trains_and_decodes_every_way(corpus):
     )  # fmt: skip
     results = {"rnnt_beam": json.loads(ev.stdout.strip().splitlines()[-1])}
     for method in ("ctc_beam", "ctc_greedy"):
-        results[method] = evaluate.evaluate_workdir(str(workdir), None, "test", None, method, 2)
+        results[method] = eval_run.evaluate_workdir(str(workdir), None, "test", None, method, 2)
     for method, result in results.items():
         assert result["decoding"] == method
         _check_scores(result, manifest)
@@ -146,7 +148,7 @@ def test_transducer_head_trains_and_decodes_every_way(corpus):
     lm_build.build_lm(lm_build.read_sentences_from_split(str(shards), "train"), 3, str(lm_path))
     lm = {"lm_path": str(lm_path), "lm_weight": 0.5, "word_bonus": 1.0}
     for method in ("ctc_beam", "rnnt_beam"):
-        result = evaluate.evaluate_workdir(str(workdir), None, "test", None, method, 2, decoding=lm)
+        result = eval_run.evaluate_workdir(str(workdir), None, "test", None, method, 2, decoding=lm)
         _check_scores(result, manifest)
         saved = workdir / "eval" / f"test-step8-{method}-beam2-transducer-lm-w0.5-b1.json"
         assert json.load(open(saved))["wer"] == result["wer"]
@@ -156,10 +158,10 @@ def test_transducer_head_trains_and_decodes_every_way(corpus):
     pause = np.zeros(8000, np.float32)
     audio = np.concatenate([reader.audio_float32(recs[0]), pause, reader.audio_float32(recs[1])])
     sf.write(root / "transducer-two.wav", audio, 16000)
-    config = evaluate.run_eval_config(str(workdir))
+    config = eval_run.run_eval_config(str(workdir))
     got = []
-    loaded = state_lib.load_run(str(workdir), config=config)
-    assert transcribe.transcribe_files(
+    loaded = loading.load_run(str(workdir), config=config)
+    assert transcribe_lib.transcribe_files(
         [str(root / "transducer-two.wav")], loaded, config, window_s=8.0, overlap_s=2.0, batch=8,
         emit=got.append,
     ) == 0  # fmt: skip

@@ -6,10 +6,12 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from jaxspeech import evaluate, transcribe
-from jaxspeech import state as state_lib
+from jaxspeech.config import build
 from jaxspeech.data import reader
+from jaxspeech.evaluation import run as eval_run
 from jaxspeech.parallel import rules
+from jaxspeech.runs import loading
+from jaxspeech.serving import transcribe as transcribe_lib
 from tests.e2e.cli import run_module
 
 pytestmark = pytest.mark.slow
@@ -36,11 +38,11 @@ def test_transcribe_long_audio_in_windows(corpus, tiny_run, tmp_path):
     long = tmp_path / "long.wav"
     duration = _long_file(shards, long, 60.0)
     (tmp_path / "broken.wav").write_bytes(b"RIFF....WAVEnot audio")
-    config = evaluate.run_eval_config(str(tiny_run[0]))
+    config = eval_run.run_eval_config(str(tiny_run[0]))
     results = []
-    with rules.axis_rules(state_lib.rules_from_config(config)):
-        run = state_lib.load_run(str(tiny_run[0]))
-        failed = transcribe.transcribe_files(
+    with rules.axis_rules(build.rules_from_config(config)):
+        run = loading.load_run(str(tiny_run[0]))
+        failed = transcribe_lib.transcribe_files(
             [str(long), str(tmp_path / "broken.wav"), str(tmp_path / "missing.flac")],
             run,
             config,

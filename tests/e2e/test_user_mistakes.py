@@ -5,8 +5,10 @@ runs), and through the command lines only where the command line itself is the s
 
 import pytest
 
-from jaxspeech import cli, evaluate, train
+from jaxspeech import cli
 from jaxspeech.errors import TrainingDiverged, UserError
+from jaxspeech.evaluation import run as eval_run
+from jaxspeech.training import trainer
 from tests.e2e.cli import run_module, tiny_config, train_args
 
 pytestmark = pytest.mark.slow
@@ -28,7 +30,7 @@ def test_config_mistakes_are_one_user_error(corpus, tmp_path, overrides, message
     _, shards = corpus
     config = tiny_config(shards, *overrides)
     with pytest.raises(UserError, match=message):
-        train.train_and_evaluate(config, str(tmp_path / "run"))
+        trainer.train_and_evaluate(config, str(tmp_path / "run"))
 
 
 def test_run_job_maps_failures_to_exit_codes(capsys):
@@ -58,18 +60,18 @@ def test_run_job_maps_failures_to_exit_codes(capsys):
 
 def test_evaluate_mistakes_are_one_user_error(tiny_run, tmp_path):
     with pytest.raises(UserError, match="not a jaxspeech run directory"):
-        evaluate.evaluate_workdir(str(tmp_path / "d"), None, None, None)
+        eval_run.evaluate_workdir(str(tmp_path / "d"), None, None, None)
     with pytest.raises(UserError, match="needs a model with that head"):
-        evaluate.evaluate_workdir(str(tiny_run[0]), None, None, None, method="rnnt_beam")
+        eval_run.evaluate_workdir(str(tiny_run[0]), None, None, None, method="rnnt_beam")
     with pytest.raises(UserError, match="no committed checkpoint 5 in "):
-        evaluate.evaluate_workdir(str(tiny_run[0]), None, None, 5)
+        eval_run.evaluate_workdir(str(tiny_run[0]), None, None, 5)
     with pytest.raises(UserError, match="decoding.streaming needs a streaming encoder"):
-        evaluate.evaluate_workdir(str(tiny_run[0]), None, None, None, decoding={"streaming": True})
+        eval_run.evaluate_workdir(str(tiny_run[0]), None, None, None, decoding={"streaming": True})
     with pytest.raises(UserError, match="chunk_size must be >= 0"):
-        evaluate.evaluate_workdir(str(tiny_run[0]), None, None, None, decoding={"chunk_size": -2})
+        eval_run.evaluate_workdir(str(tiny_run[0]), None, None, None, decoding={"chunk_size": -2})
     with pytest.raises(UserError, match="no language model file"):
         lm = {"lm_path": str(tmp_path / "missing.arpa")}
-        evaluate.evaluate_workdir(str(tiny_run[0]), None, None, None, "ctc_beam", decoding=lm)
+        eval_run.evaluate_workdir(str(tiny_run[0]), None, None, None, "ctc_beam", decoding=lm)
 
 
 def test_command_lines_exit_2_with_one_line(corpus, tmp_path):

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxspeech import state as state_lib
 from jaxspeech.audio.features import LogMelConfig
+from jaxspeech.config import build
 from jaxspeech.models.conformer import (
     REMAT_POLICIES,
     ConformerEncoder,
@@ -424,7 +424,7 @@ def test_model_streams_audio_like_the_masked_full_model():
     stats = nnx.state(model, FeatureStats)  # still abstract: built by eval_shape
     nnx.replace_by_pure_dict(
         stats,
-        state_lib.feature_stats(rng.normal(-4, 1, F), np.full(F, 2.0)),
+        build.feature_stats(rng.normal(-4, 1, F), np.full(F, 2.0)),
     )
     nnx.update(model, stats)
     first, later = model.stream_samples(first=True), model.stream_samples(first=False)

@@ -7,12 +7,12 @@ import pytest
 from flax import nnx
 
 from configs import demo
-from jaxspeech import search
-from jaxspeech import state as state_lib
+from jaxspeech.config import build
+from jaxspeech.decoding import search
 from jaxspeech.losses import rnnt
 from jaxspeech.losses.ctc import ctc_loss
 from jaxspeech.models.transducer import Joiner, LSTMPredictor, StatelessPredictor
-from jaxspeech.step import model_losses, rnnt_loss_scales
+from jaxspeech.training.objective import model_losses, rnnt_loss_scales
 
 V = 7
 
@@ -97,14 +97,14 @@ def _batch():
 @pytest.mark.parametrize("head", ["ctc", "rnnt", "ctc+rnnt"])
 def test_heads_have_their_parameters_and_losses(head):
     config = _config(head)
-    model = state_lib.make_model(config, V, 0)
+    model = build.make_model(config, V, 0)
     params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
     assert ("ctc" in params) == ("ctc" in head)
     assert ("transducer" in params) == ("rnnt" in head)
     batch = _batch()
     # Recompute the loss by hand with deterministic features (no SpecAugment, no dropout).
     config.specaug.enabled = False
-    model = state_lib.make_model(config, V, 0)
+    model = build.make_model(config, V, 0)
     loss, aux = model_losses(model, batch, jax.random.key(0), jnp.int32(0), config.loss, 0)
     enc, enc_len = model(batch["audio"], batch["audio_len"])
     total = np.zeros(4)
@@ -124,7 +124,7 @@ def test_heads_have_their_parameters_and_losses(head):
         total += np.asarray(rnnt_b)
     if head == "rnnt":
         # At step 0 a transducer without a CTC head also learns from its acoustic-only
-        # loss at weight 1 (step.am_only_weight; checked against brute force in
+        # loss at weight 1 (objective.am_only_weight; checked against brute force in
         # tests/test_learning.py).
         am_b, _ = model.forward_am_only(
             enc, enc_len, batch["labels"], batch["label_len"], blank_id=0
@@ -140,7 +140,7 @@ def test_heads_have_their_parameters_and_losses(head):
 def test_infeasible_ctc_target_is_masked_and_counted_for_both_heads():
     config = _config("ctc+rnnt")
     config.specaug.enabled = False
-    model = state_lib.make_model(config, V, 0)
+    model = build.make_model(config, V, 0)
     batch = _batch()
     # 0.1 s of audio: 10 feature frames -> 1 encoder frame, too few for 6 CTC labels.
     batch["audio_len"] = batch["audio_len"].at[0].set(1600)
@@ -161,9 +161,9 @@ def test_pruned_loss_warmup_scales():
 
 def test_bad_head_encoder_and_decoder_are_clear_errors():
     with pytest.raises(ValueError, match="unknown head 'attention'"):
-        state_lib.make_model(_config("attention"), V, 0)
+        build.make_model(_config("attention"), V, 0)
     with pytest.raises(ValueError, match="model.encoder must be one of"):
-        state_lib.make_model(_config("ctc", encoder="transformer"), V, 0)
+        build.make_model(_config("ctc", encoder="transformer"), V, 0)
     config = _config("ctc")
     config.decoding.method = "rnnt_beam"
     with pytest.raises(ValueError, match="needs a model with that head"):

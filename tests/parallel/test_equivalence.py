@@ -8,10 +8,11 @@ import optax
 import pytest
 
 from configs import demo
-from jaxspeech import state as state_lib
+from jaxspeech.config import build
 from jaxspeech.parallel import mesh as mesh_lib
 from jaxspeech.parallel import rules
-from jaxspeech.step import make_train_step
+from jaxspeech.training import state as state_lib
+from jaxspeech.training.step import jit_train_step, make_train_step
 
 VOCAB = 8
 
@@ -60,33 +61,28 @@ def _run_step(
     n = int(np.prod(mesh_shape))
     if table is not None:
         config.mesh.rules = rules.rules_to_config(table)
-    mesh = state_lib.mesh_from_config(config, devices=jax.devices()[:n])
+    mesh = build.mesh_from_config(config, devices=jax.devices()[:n])
     mean, std = (
         np.full(config.features.num_mel_bins, -5.0),
         np.full(config.features.num_mel_bins, 3.0),
     )
     tx = optax.identity() if plain else None
-    with rules.axis_rules(state_lib.rules_from_config(config)):  # as train.py does
+    with rules.axis_rules(build.rules_from_config(config)):  # as train.py does
         return _step_on(config, mesh, mean, std, tx, grad_accum, with_opt_state)
 
 
 def _step_on(config, mesh, mean, std, tx, grad_accum, with_opt_state):
-    ts = state_lib.init_train_state(config, VOCAB, mesh, mean, std, tx=tx)
-    params, model_vars, opt_state = ts.params, ts.model_vars, ts.opt_state
-    p_shard, v_shard, o_shard, graphdef = (
-        ts.spec.param_shardings,
-        ts.spec.var_shardings,
-        ts.opt_shardings,
-        ts.spec.graphdef,
-    )
+    state, setup = state_lib.init_train_state(config, VOCAB, mesh, mean, std, tx=tx)
+    state = state.replace(step=jax.device_put(jnp.int32(3), setup.shardings.step))
+    params = state.params
     batch = mesh_lib.host_to_global(mesh, _batch())
-    step = jax.jit(
-        make_train_step(graphdef, ts.tx, 0, 0, config.loss, grad_accum=grad_accum),
-        in_shardings=(p_shard, v_shard, o_shard, None, None),
-        out_shardings=(p_shard, o_shard, None),
+    step = jit_train_step(
+        setup,
+        make_train_step(setup.spec.graphdef, setup.tx, 0, 0, config.loss, grad_accum=grad_accum),
     )
     with jax.set_mesh(mesh):
-        new_params, new_opt, metrics = step(params, model_vars, opt_state, batch, jnp.int32(3))
+        new, metrics = step(state, batch)
+    new_params, new_opt = new.params, new.opt_state
     grads_proxy = jax.tree.map(lambda a, b: np.asarray(a) - np.asarray(b), new_params, params)
     out = float(metrics["loss"]), float(metrics["grad_norm"]), grads_proxy, new_params
     return out + (new_opt,) if with_opt_state else out

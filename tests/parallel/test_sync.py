@@ -11,10 +11,11 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
 from configs import demo
-from jaxspeech import state as state_lib
+from jaxspeech.config import build
 from jaxspeech.parallel import mesh as mesh_lib
 from jaxspeech.parallel import rules, sync
-from jaxspeech.step import jit_sync_train_step, make_sync_train_step, make_train_step
+from jaxspeech.training import state as state_lib
+from jaxspeech.training.step import jit_train_step, make_train_step
 from tests.parallel import sync_reference as ref
 
 VOCAB = 8
@@ -256,34 +257,33 @@ def _config(shape, **sync_kw):
 def _run(shape, steps=2, batch=None, **sync_kw):
     """`steps` training steps with SGD; returns (model params, metrics, train state)."""
     config = _config(shape, **sync_kw)
-    mesh = state_lib.mesh_from_config(config, devices=jax.devices()[: int(np.prod(shape))])
+    mesh = build.mesh_from_config(config, devices=jax.devices()[: int(np.prod(shape))])
     mean, std = (
         np.full(config.features.num_mel_bins, -5.0),
         np.full(config.features.num_mel_bins, 3.0),
     )
-    with rules.axis_rules(state_lib.rules_from_config(config)):
-        ts = state_lib.init_train_state(config, VOCAB, mesh, mean, std, tx=optax.sgd(LR))
-        step = jit_sync_train_step(
-            ts,
-            make_sync_train_step(
-                ts.spec.graphdef, ts.tx, 0, 0, config.loss, ts.strategy, ts.spec.param_shardings
+    with rules.axis_rules(build.rules_from_config(config)):
+        state, setup = state_lib.init_train_state(config, VOCAB, mesh, mean, std, tx=optax.sgd(LR))
+        step = jit_train_step(
+            setup,
+            make_train_step(
+                setup.spec.graphdef,
+                setup.tx,
+                0,
+                0,
+                config.loss,
+                strategy=setup.strategy,
+                param_shardings=setup.spec.param_shardings,
             ),
         )
         host = batch if batch is not None else _batch()
         metrics = []
         with jax.set_mesh(mesh):
-            for i in range(steps):
-                ts.params, ts.opt_state, ts.sync_state, m = step(
-                    ts.params,
-                    ts.model_vars,
-                    ts.opt_state,
-                    ts.sync_state,
-                    mesh_lib.host_to_global(mesh, host),
-                    jnp.int32(i),
-                )
+            for _ in range(steps):
+                state, m = step(state, mesh_lib.host_to_global(mesh, host))
                 metrics.append(jax.device_get(m))
-        model = jax.tree.map(np.asarray, ts.model_params())
-    return model, metrics, ts
+        model = jax.tree.map(np.asarray, setup.model_params(state))
+    return model, metrics, state
 
 
 @pytest.fixture(scope="module")
@@ -308,7 +308,7 @@ def allreduce():
 )
 def test_degenerate_strategies_equal_allreduce(allreduce, shape, kw):
     want, want_metrics, _ = allreduce
-    got, metrics, ts = _run(shape, **kw)
+    got, metrics, _ = _run(shape, **kw)
     _close(got, want, rtol=1e-4, atol=2e-6)
     for m, w in zip(metrics, want_metrics):
         np.testing.assert_allclose(m["loss"], w["loss"], rtol=1e-5)
@@ -321,20 +321,21 @@ def test_learners_step_on_their_own_rows():
     """bmuf without a block boundary: learner l's parameters after one step are the
     single-device SGD step on rows [2l, 2l + 2) of the batch alone."""
     batch = _batch()
-    _, _, ts = _run((1, 4, 2, 1), steps=1, batch=batch, strategy="bmuf", block_steps=100)
-    learners = jax.tree.map(np.asarray, ts.sync_state["learners"])
+    _, _, state = _run((1, 4, 2, 1), steps=1, batch=batch, strategy="bmuf", block_steps=100)
+    learners = jax.tree.map(np.asarray, state.sync["learners"])
     for learner in (0, 3):
         rows = {k: v[2 * learner : 2 * learner + 2] for k, v in batch.items()}
         want, _, _ = _run((1, 1, 1, 1), steps=1, batch=rows)
         got = jax.tree.map(lambda x, i=learner: x[i], learners)
         _close(got, want, rtol=1e-4, atol=2e-6)
     # no block yet: the global model is still the initial one
-    assert np.abs(ts.sync_state["momentum"]["ctc"]["kernel"]).max() == 0
+    assert np.abs(state.sync["momentum"]["ctc"]["kernel"]).max() == 0
+    assert int(state.step) == 1
 
 
 def test_allreduce_strategy_is_the_plain_step():
     config = _config((1, 4, 2, 1))
     s = sync.strategy_from_config(config.sync, {"data": 4, "fsdp": 2})
     assert s.method == "allreduce" and not s.has_state
-    fn = make_sync_train_step(None, optax.sgd(1.0), 0, 0, config.loss, s, {})
-    assert fn.__name__ == "allreduce_step" and make_train_step is not None
+    fn = make_train_step(None, optax.sgd(1.0), 0, 0, config.loss, strategy=s)
+    assert fn.__name__ == "train_step"

@@ -51,13 +51,6 @@ class CheckpointError(Exception):
     """A checkpoint this run cannot use: an incompatible model, or none readable."""
 
 
-def abstract_like(tree: Any, shardings: Any) -> Any:
-    """ShapeDtypeStructs of `tree`'s leaves carrying `shardings` (a matching tree)."""
-    return jax.tree.map(
-        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings
-    )
-
-
 # ---------------------------------------------------------------- content fingerprint
 def _fmix32(h: jax.Array) -> jax.Array:
     """MurmurHash3's 32-bit finalizer: every input bit flips about half the output bits."""

@@ -19,9 +19,9 @@ import os
 
 import jax
 
-from jaxspeech import monitor
 from jaxspeech.data.records import SplitIndex
 from jaxspeech.errors import UserError
+from jaxspeech.runs import events
 
 FAULTS_DIR = "data_faults"
 
@@ -47,7 +47,7 @@ class FaultLog:
         if workdir is not None:
             os.makedirs(os.path.join(workdir, FAULTS_DIR), exist_ok=True)
             path = os.path.join(workdir, FAULTS_DIR, f"p{jax.process_index()}.jsonl")
-            self._f = monitor.open_for_append(path)  # a line cut by a kill stays apart
+            self._f = events.open_for_append(path)  # a line cut by a kill stays apart
 
     def add(self, faults: list[dict], step: int | None = None) -> list[dict]:
         """Notes a batch's faults; returns (and prints, from whichever process met them)

@@ -21,7 +21,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import flags
 from flax import nnx
 from ml_collections import ConfigDict
 
@@ -39,63 +38,6 @@ DECODERS = ("ctc_greedy", "ctc_beam", "rnnt_greedy", "rnnt_beam")
 # (benchmarks/lm_fusion.py, CTC prefix beam search of width 32, a trigram of the train
 # transcripts); retune them for another model or LM.
 LM_WEIGHT, WORD_BONUS = 1.2, 10.0
-
-
-def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
-    """The decoding flags of the commands that decode a run (evaluate, transcribe); each
-    defaults to the run's config.decoding."""
-    flags.DEFINE_enum(
-        "method",
-        None,
-        list(DECODERS),
-        "Decoder (default: the run's decoding.method).",
-        flag_values=fv,
-    )
-    flags.DEFINE_integer(
-        "beam", None, "Beam size of ctc_beam / rnnt_beam (default: the run's).", flag_values=fv
-    )
-    flags.DEFINE_string(
-        "lm",
-        None,
-        "ARPA/KenLM n-gram LM fused into ctc_beam / rnnt_beam (python -m data_prep.lm); "
-        "'' for none (default: the run's decoding.lm_path).",
-        flag_values=fv,
-    )
-    flags.DEFINE_float(
-        "lm_weight", None, "LM weight (default: the run's decoding.lm_weight).", flag_values=fv
-    )
-    flags.DEFINE_float(
-        "word_bonus",
-        None,
-        "Score added per word with an LM (default: the run's decoding.word_bonus).",
-        flag_values=fv,
-    )
-    flags.DEFINE_bool(
-        "streaming",
-        None,
-        "Decode chunk by chunk through the model's stream functions (a streaming "
-        "Conformer; default: the run's decoding.streaming).",
-        flag_values=fv,
-    )
-    flags.DEFINE_integer(
-        "chunk_size",
-        None,
-        "Attention chunk (encoder frames) to decode a chunked Conformer with, e.g. one "
-        "trained with dynamic chunks (0: full context; default: the run's).",
-        flag_values=fv,
-    )
-
-
-def flag_overrides(fv: flags.FlagValues = flags.FLAGS) -> dict:
-    """The decoding flags as `evaluate.run_eval_config`'s `decoding` overrides (None: the
-    run's)."""
-    return {
-        "lm_path": fv.lm,
-        "lm_weight": fv.lm_weight,
-        "word_bonus": fv.word_bonus,
-        "streaming": fv.streaming,
-        "chunk_size": fv.chunk_size,
-    }
 
 
 def decoding_method(config: ConfigDict) -> str:

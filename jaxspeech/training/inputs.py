@@ -9,7 +9,6 @@ them and turns its mistakes into `UserError`s.
 from __future__ import annotations
 
 import json
-import math
 import os
 
 import jax
@@ -17,11 +16,11 @@ from jax.sharding import Mesh
 from ml_collections import ConfigDict
 
 from jaxspeech.audio import augment
+from jaxspeech.config import build, defaults
 from jaxspeech.data import mixing
 from jaxspeech.data import pipeline as pipeline_lib
 from jaxspeech.data import reader as reader_lib
 from jaxspeech.errors import UserError
-from jaxspeech.parallel import mesh as mesh_lib
 
 
 def read_noise_list(path: str) -> tuple[str, ...]:
@@ -70,47 +69,6 @@ def waveform_augmenter(config: ConfigDict) -> augment.WaveformAugmenter | None:
         raise UserError(f"config.waveform_aug: {e}") from e
 
 
-def train_bucket_spec(config: ConfigDict, mesh: Mesh) -> pipeline_lib.BucketSpec:
-    """The training batch shapes: every micro-batch splits evenly over the mesh's batch
-    shards, and every loader shard (and process) gets equal rows."""
-    grad_accum = int(config.train.grad_accum)
-    if grad_accum < 1:
-        raise UserError(f"train.grad_accum must be >= 1, got {grad_accum}")
-    loader_shards = int(config.data.loader_shards)
-    if loader_shards < 0 or (loader_shards and loader_shards % jax.process_count()):
-        raise UserError(
-            f"data.loader_shards={loader_shards} must be 0 (one per process) or a multiple of "
-            f"the {jax.process_count()} processes"
-        )
-    multiple_of = math.lcm(
-        mesh_lib.num_batch_shards(mesh) * grad_accum, loader_shards or jax.process_count()
-    )
-    return pipeline_lib.make_bucket_spec(
-        config.data.bucket_boundaries,
-        config.data.batch_seconds,
-        config.data.max_tokens_per_second,
-        config.features.sample_rate,
-        multiple_of=multiple_of,
-    )
-
-
-def retry_policy(config: ConfigDict) -> reader_lib.RetryPolicy:
-    """How the loaders retry transient read errors (`data.read_retries`, `read_backoff_s`)."""
-    d, default = config.data, reader_lib.DEFAULT_RETRY
-    try:
-        # .get: a run directory saved before these keys existed still evaluates.
-        return reader_lib.RetryPolicy(
-            int(d.get("read_retries", default.retries)), d.get("read_backoff_s", default.backoff_s)
-        )
-    except ValueError as e:
-        raise UserError(f"config.data: {e}") from e
-
-
-def max_corrupt_fraction(config: ConfigDict) -> float:
-    """data.max_corrupt_fraction (0.001 for runs saved before the key existed)."""
-    return float(config.data.get("max_corrupt_fraction", 0.001))
-
-
 def train_pipeline(
     config: ConfigDict, mesh: Mesh, tokenizer_dir: str, extra: mixing.Extra | None = None
 ) -> tuple[pipeline_lib.Pipeline, augment.WaveformAugmenter | None]:
@@ -120,14 +78,14 @@ def train_pipeline(
     `config.distill.schedule` (`jaxspeech.data.mixing`); `extra` adds the arrays both
     streams carry (a teacher's targets).
     """
-    spec = train_bucket_spec(config, mesh)
+    spec = build.train_bucket_spec(config, mesh)
     augmenter = waveform_augmenter(config)
     labeled = _split_pipeline(
         config, config.data.dir, config.data.train_split, spec, augmenter, tokenizer_dir
     )
-    distill = config.get("distill")
-    if distill is None or not distill.other_split:
+    if not defaults.lookup(config, "distill.other_split"):  # off (or a run from before it)
         return labeled, augmenter
+    distill = config.distill
     other_dir = distill.other_dir or config.data.dir
     _check_same_tokenizer(other_dir, tokenizer_dir)
     # A teacher's targets are frame-aligned with the audio as stored: speed perturbation
@@ -193,7 +151,7 @@ def _split_pipeline(config, data_dir, split, spec, augmenter, tokenizer_dir, *, 
             speeds=augmenter.cfg.speeds if augmenter and speed else (1.0,),
             augment=augmenter,
             with_text=bool(config.monitor.log_batch_ids),
-            retry=retry_policy(config),
+            retry=build.retry_policy(config),
         )
     except (FileNotFoundError, reader_lib.ShardError) as e:
         raise UserError(str(e)) from e

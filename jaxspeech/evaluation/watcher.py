@@ -26,14 +26,17 @@ from collections.abc import Callable
 
 import jax
 
-from jaxspeech import checkpoint as ckpt_lib
-from jaxspeech import evaluate, search, status
-from jaxspeech import state as state_lib
+from jaxspeech.config import build
+from jaxspeech.decoding import search
 from jaxspeech.errors import UserError
+from jaxspeech.evaluation import run as eval_run
+from jaxspeech.evaluation import scoring
 from jaxspeech.metrics.writers import MetricWriter
-from jaxspeech.monitor import log
 from jaxspeech.parallel import mesh as mesh_lib
 from jaxspeech.parallel import rules
+from jaxspeech.runs import checkpoint as ckpt_lib
+from jaxspeech.runs import loading, status
+from jaxspeech.runs.events import log
 
 PROGRESS = os.path.join("eval", "watch.json")
 
@@ -118,12 +121,12 @@ def watch(
         not prepared, a corrupt split.
     """
     try:
-        config = evaluate.run_eval_config(workdir, method, beam, max_corrupt_fraction, decoding)
+        config = eval_run.run_eval_config(workdir, method, beam, max_corrupt_fraction, decoding)
     except (FileNotFoundError, ValueError) as e:
         raise UserError(str(e)) from e
     data_dir = data_dir or config.data.dir
-    splits = splits or evaluate.parse_splits(config.data.eval_split)
-    tag = evaluate.result_tag(config, method, beam, decoding)
+    splits = splits or scoring.parse_splits(config.data.eval_split)
+    tag = eval_run.result_tag(config, method, beam, decoding)
     progress = load_progress(workdir, splits)
     # The training run's TensorBoard directory (another event file in it), and every
     # score as a JSON line for scripts.
@@ -169,8 +172,8 @@ def score_step(
     """Evaluate checkpoint `step` on `splits`, record each as done once written.
     `decoders` caches the compiled decoder (the model's structure does not change)."""
     try:
-        with rules.axis_rules(state_lib.rules_from_config(config)):
-            run = state_lib.load_run(workdir, step=step, config=config)
+        with rules.axis_rules(build.rules_from_config(config)):
+            run = loading.load_run(workdir, step=step, config=config)
     except ckpt_lib.CheckpointError as e:
         gone = step not in committed_steps(workdir)
         reason = "removed before it was evaluated (train.keep_checkpoints)" if gone else str(e)
@@ -185,17 +188,17 @@ def score_step(
         decoders["searcher"] = search.Searcher(config, run.tokenizer, run.spec.graphdef)
     for split in splits:
         try:
-            result = evaluate.evaluate_run(
+            result = eval_run.evaluate_run(
                 run, config, data_dir, split, decoders["decode"], decoders["searcher"]
             )
         except (FileNotFoundError, ValueError) as e:
             raise UserError(str(e)) from e
         result["step"] = step
-        evaluate.write_result(workdir, result, step, tag)
+        scoring.write_result(workdir, result, step, tag)
         writer.scalars(
             step, {f"eval/{split}/wer": result["wer"], f"eval/{split}/cer": result["cer"]}
         )
         writer.flush()
-        log(evaluate.describe_result(result, step))
+        log(scoring.describe_result(result, step))
         progress["done"][split].append(step)
         save_progress(workdir, progress)

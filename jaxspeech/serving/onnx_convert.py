@@ -1,6 +1,6 @@
 """ONNX conversion, run by `jaxspeech.export --format onnx` in the converter's own
 environment (`make install-onnx`: jax2onnx cannot share the main install, see the
-Makefile): `python -m jaxspeech.onnx_convert --input STAGE --output DIR`.
+Makefile): `python -m jaxspeech.serving.onnx_convert --input STAGE --output DIR`.
 
 STAGE (written by `jaxspeech.export.stage_for_conversion`) holds `model.json` (the
 model's `build_model` arguments, the sample rate, the functions to convert) and

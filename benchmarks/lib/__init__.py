@@ -1,0 +1,20 @@
+"""What the benchmark scripts share; scripts import these modules, never each other.
+
+- results: writing a result's JSON file (and the `wrote PATH` line).
+- environment: machine, device, jax version, date, load average of a result.
+- timing: the median of repeated calls after a warm-up (depthwise_conv, features, export,
+  losses).
+- workers: a script re-run as a `--worker` answering one JSON line (train_step, losses).
+- hlo: the collectives of compiled HLO text and the bytes they send (scaling, sync).
+- cost_model: ring times and the weak-scaling projection to 1,024 devices (scaling, sync).
+- lowering: abstract batches and compiler options for HLO-only compiles (scaling, sync).
+- disruptions, run_record, trainer_process, corpus, resume_check: the chaos driver's
+  parts (planning the signals, recording a run, running the trainer, the damaged corpus,
+  the bitwise comparison of the final models).
+- synthetic_batch, mfu, config_overrides: the train step benchmark's batch maker, peak
+  FLOP/s and rates, and `--set KEY=VALUE` (train_step).
+"""
+
+import os
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -1,0 +1,37 @@
+"""Readers: ``--format`` -> a PCollection of :class:`~data_prep.readers.common.Item`, one
+module per input format, and the audio loader for items.
+
+A reader only lists utterances (id, where the audio is, transcript, speaker); the
+validation, decoding and encoding happen once, for every format alike, in
+``data_prep.prepare``. Where the audio of an item is, ``Item.audio_path``:
+
+- a local path or a Beam filesystem URL (``gs://...``): any libsndfile format;
+- ``pipe:<shell command>``: a Kaldi ``wav.scp`` pipe whose stdout is a sound file (only
+  with ``--allow_pipes``, since it runs a command);
+- ``tfds:<index>``: record ``index`` of the TFDS dataset named by ``--input``.
+
+``Item.start``/``Item.end`` cut a segment (seconds) out of the decoded audio (Kaldi
+``segments``).
+
+Formats: ``manifest`` (JSON lines, :mod:`.manifest`), ``librispeech`` (a LibriSpeech split
+directory, :mod:`.librispeech`), ``kaldi`` (a Kaldi data directory, :mod:`.kaldi`) and
+``tfds`` (a prepared TFDS dataset stored as ``array_record``, :mod:`.tfds`). Shared pieces:
+:mod:`.common` (Item, errors, the registry), :mod:`.textfiles` (input files and lines),
+:mod:`.audio` (loading an item's audio). Importing this package registers every format in
+:data:`READERS`.
+"""
+
+from data_prep.readers import kaldi, librispeech, manifest, tfds
+from data_prep.readers.audio import load_item_audio
+from data_prep.readers.common import READERS, register_reader
+
+# The format modules are imported for their registration in READERS.
+__all__ = [
+    "READERS",
+    "kaldi",
+    "librispeech",
+    "load_item_audio",
+    "manifest",
+    "register_reader",
+    "tfds",
+]

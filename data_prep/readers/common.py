@@ -1,0 +1,64 @@
+"""What every reader shares: :class:`Item`, the errors, the shared skip reasons, and the
+``--format`` registry (:data:`READERS`, filled by :func:`register_reader`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import apache_beam as beam
+
+# Skip reasons of more than one format (keys of prep_report.json["skipped"]); each format's
+# own are in its module.
+NO_SPEAKER = "unknown"  # The speaker of an item whose input names none.
+MISSING_AUDIO = "missing_audio"
+UNDECODABLE_AUDIO = "undecodable_audio"
+SEGMENT_OUT_OF_RANGE = "segment_out_of_range"
+MISSING_TRANSCRIPT = "missing_transcript"  # Audio that no transcript line names.
+
+
+class PrepareError(Exception):
+    """A user mistake; the CLI prints it as one line."""
+
+
+class AudioError(Exception):
+    """An item's audio cannot be had; ``reason`` is its skip reason."""
+
+    def __init__(self, reason: str, message: str = ""):
+        super().__init__(message or reason)
+        self.reason = reason
+
+
+class Item(NamedTuple):
+    """One input utterance before validation.
+
+    ``error`` is a skip reason found by the reader; ``position`` is the item's place in the
+    input (among items sharing an id, the first position is written, the rest are skipped).
+    """
+
+    id: str
+    audio_path: str
+    text: str | None
+    speaker: str
+    error: str | None = None
+    position: int = 0
+    start: float = 0.0  # Segment start (seconds) within the decoded audio.
+    end: float | None = None  # Segment end (seconds); None: the end of the audio.
+
+
+ReaderFn = Callable[[beam.Pipeline, Any], beam.PCollection]
+READERS: dict[str, ReaderFn] = {}
+
+
+def register_reader(name: str) -> Callable[[ReaderFn], ReaderFn]:
+    """Registers a reader for ``--format name``: ``fn(pipeline, cfg) -> PCollection[Item]``.
+
+    A reader raises PrepareError for a missing input before the pipeline runs, and emits an
+    Item with ``error`` set for an input entry it cannot parse (it is counted, not dropped).
+    """
+
+    def register(fn: ReaderFn) -> ReaderFn:
+        READERS[name] = fn
+        return fn
+
+    return register

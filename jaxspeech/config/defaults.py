@@ -1,0 +1,405 @@
+"""Every config key with its default and why: what a run that sets nothing gets.
+
+`configs/*.py` start from `get_config()` and set only what differs (their corpus, model
+size, machine); `python -m jaxspeech.train --config.<key>=...` can override any key here
+and no other. The values are the demo's measured recipe (`configs/demo.py`, figures in
+docs/results.md) wherever that is general; corpus-shaped values (buckets, SpecAugment's
+policy) follow read speech at LibriSpeech's scale. Runs saved before a key existed read it
+from here (`lookup`, `fill_missing`). `jaxspeech.config.validate` checks a config.
+
+Three tables have their single source in the layer that uses them, read here: the
+logical-axis rules (`jaxspeech.parallel.rules.DEFAULT_RULES`), the sync settings
+(`jaxspeech.parallel.sync.default_sync_config`, which also completes partial sync
+mappings) and the LM fusion weights (`jaxspeech.decoding.search.LM_WEIGHT`, `WORD_BONUS`).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from collections.abc import Mapping
+
+from ml_collections import ConfigDict
+
+from jaxspeech.decoding import search
+from jaxspeech.parallel import rules, sync
+
+
+def get_config() -> ConfigDict:
+    """A fresh ConfigDict of every key at its default."""
+    c = ConfigDict()
+    c.seed = 0  # every random stream (init, data order, SpecAugment) derives from it
+    # A run directory (its latest checkpoint) or RUN/checkpoints/<step> whose parameters
+    # start this run (fine-tuning); used only when the workdir has no checkpoint yet.
+    c.init_from = ""
+    _data(c)
+    _features(c)
+    _augmentation(c)
+    _model(c)
+    _loss(c)
+    _decoding(c)
+    _optim(c)
+    _distill(c)
+    _train(c)
+    _monitor(c)
+    _mesh(c)
+    _sync(c)
+    return c
+
+
+def _data(c: ConfigDict) -> None:
+    c.data = ConfigDict()  # the corpus and the input pipeline
+    c.data.dir = ""  # a corpus written by `python -m data_prep.prepare`; must be set
+    c.data.train_split = "train"  # the split training reads
+    # Scored periodically and at the end of training; "a,b": several, the first one's WER
+    # picks the best checkpoints.
+    c.data.eval_split = "dev"
+    # Duration buckets (seconds): each shape costs one compilation, and an utterance
+    # longer than the last is skipped (and counted). Read speech runs up to 35 s
+    # (LibriSpeech), most of it 12-16 s: narrow buckets where most utterances are.
+    c.data.bucket_boundaries = (4.0, 8.0, 11.0, 13.0, 15.0, 17.0, 20.0, 25.0, 35.0)
+    # Evaluation compiles one decode per bucket; fewer, wider buckets cost less compile
+    # time than they waste on padding. () = the training buckets.
+    c.data.eval_bucket_boundaries = ()
+    # Padded audio per global batch (seconds); sets each bucket's batch size. 64 s with
+    # optim.peak_lr 2e-3 is the demo's pair (32 s at 3e-3 stayed on the blank plateau).
+    c.data.batch_seconds = 64.0
+    # Label padding per bucket = boundary * this. Even characters of fast speech run at
+    # < 20/s; rows over the limit are counted (label_overflow), never truncated.
+    c.data.max_tokens_per_second = 30.0
+    # Loader shards: the corpus is dealt to this many readers, each host serving an equal
+    # run of them. 0 = one per process. A fixed count (a multiple of every process count
+    # you will use) gives the same global batches on 1 host or N: a run can move between
+    # host counts and replay exactly.
+    c.data.loader_shards = 0
+    c.data.num_workers = 0  # Grain worker processes; 0 reads in threads (enough on CPU)
+    c.data.prefetch = 4  # batches read ahead
+    # A record that cannot be read or decoded is skipped and counted; more distinct bad
+    # records in one epoch than this fraction of the split stops the run with the worst
+    # shards named (a damaged corpus, not a stray bad sector). 0.1%: a few bad chunks
+    # in a large corpus pass, a bad disk does not.
+    c.data.max_corrupt_fraction = 0.001
+    # Read errors that may pass (network file systems, object-store mounts) are retried
+    # this many times, waiting read_backoff_s, then 2x, 4x ...: 1+2+4 s rides out a
+    # mount's hiccup without stalling a step for minutes. Then the record is skipped.
+    c.data.read_retries = 3
+    c.data.read_backoff_s = 1.0  # the first wait of those retries (seconds)
+
+
+def _features(c: ConfigDict) -> None:
+    c.features = ConfigDict()  # log-mel features, computed on device (LogMelConfig)
+    c.features.sample_rate = 16000  # Hz of the prepared audio
+    c.features.n_fft = 512  # FFT size: the next power of two above the window
+    c.features.win_length = 400  # 25 ms analysis window
+    c.features.hop_length = 160  # 10 ms between frames
+    c.features.num_mel_bins = 80  # the usual ASR front end (Conformer, icefall)
+    c.features.fmin = 0.0  # lowest mel filter edge (Hz)
+    c.features.fmax = 8000.0  # highest mel filter edge (Hz): Nyquist at 16 kHz
+    c.features.log_floor = 1e-6  # added before the log so silence is finite
+
+
+def _augmentation(c: ConfigDict) -> None:
+    c.specaug = ConfigDict()  # on-device feature augmentation in training
+    c.specaug.enabled = True  # off: the model sees the features unchanged
+    c.specaug.num_freq_masks = 2  # the SpecAugment LD policy of Park et al.
+    c.specaug.freq_mask_width = 27  # LD: up to 27 of 80 mel bins per mask
+    c.specaug.num_time_masks = 10  # LD: ten time masks ...
+    c.specaug.time_mask_max_ratio = 0.05  # ... each up to 5% of the utterance
+    # VTLP frequency warp (+-this share): helps when unseen voices differ from the training
+    # ones mostly in formants (the demo's few synthetic voices); many real speakers: off.
+    c.specaug.freq_warp = 0.0
+
+    # Host-side waveform augmentation in the loader (Grain workers), before bucketing; all
+    # of it off by default (it costs host CPU per utterance).
+    c.waveform_aug = ConfigDict()
+    c.waveform_aug.speeds = (1.0,)  # Kaldi-style 3-way perturbation: (0.9, 1.0, 1.1)
+    c.waveform_aug.noise_prob = 0.0  # share of utterances with additive noise
+    c.waveform_aug.snr_db = (5.0, 20.0)  # uniform SNR range of that noise
+    # JSON-lines {"audio_filepath": ...} (relative to the manifest) or a plain list of paths;
+    # "" = generated white/pink/brown noise.
+    c.waveform_aug.noise_manifest = ""
+    c.waveform_aug.noise_exponents = (0.0, 1.0, 2.0)  # colours of generated noise (1/f^e)
+    c.waveform_aug.reverb_prob = 0.0  # share of utterances convolved with a simulated RIR
+    c.waveform_aug.num_rirs = 64  # simulated rooms in the bank (built once per worker, ~25 ms)
+    c.waveform_aug.rt60 = (0.2, 0.8)  # seconds: living room to hall
+
+
+def _model(c: ConfigDict) -> None:
+    c.model = ConfigDict()  # built by jaxspeech.config.build (models never see the config)
+    c.model.encoder = "conformer"  # conformer | lstm (jaxspeech.models.ENCODERS)
+    # ctc | rnnt | ctc+rnnt (transducer with a CTC auxiliary loss on the encoder)
+    c.model.head = "ctc"
+    # Compute dtype: float32 | bfloat16 (parameters and losses stay float32). bf16 is
+    # faster on accelerators and slower than f32 on CPU.
+    c.model.dtype = "float32"
+    _conformer(c)
+    c.model.lstm = ConfigDict()  # used when model.encoder = "lstm"
+    c.model.lstm.hidden = 320  # LSTM cells per direction
+    c.model.lstm.num_layers = 4  # stacked layers
+    c.model.lstm.bidirectional = True  # False: a streaming (left-to-right) encoder
+    c.model.lstm.proj_dim = 0  # LSTMP recurrent projection; 0 = none
+    c.model.lstm.stack_frames = 4  # 40 ms frames, like the Conformer's x4 subsampling
+    c.model.lstm.lookahead = 0  # future frames a unidirectional encoder may see
+    c.model.lstm.dropout = 0.0  # between layers; the recipe has not needed it
+    c.model.lstm.output_dim = 0  # width of the encodings the heads see; 0 = hidden
+    # Transducer parts (model.head containing "rnnt"): icefall's stateless predictor is as
+    # accurate as an LSTM one and its decoding state is just the last labels.
+    c.model.transducer = ConfigDict()
+    c.model.transducer.predictor = "stateless"  # stateless | lstm
+    c.model.transducer.predictor_dim = 256  # label embedding width (icefall's small models)
+    c.model.transducer.context_size = 2  # labels the stateless predictor sees
+    c.model.transducer.lstm_layers = 1  # lstm predictor: layers
+    c.model.transducer.lstm_hidden = 0  # lstm predictor: cells; 0 = predictor_dim
+    c.model.transducer.joiner_dim = 256  # the joiner's hidden width
+
+
+def _conformer(c: ConfigDict) -> None:
+    c.model.conformer = ConfigDict()  # used when model.encoder = "conformer"
+    c.model.conformer.dim = 144  # model width (Gulati et al.'s S)
+    c.model.conformer.num_layers = 8  # blocks: the demo's depth (S has 16)
+    c.model.conformer.num_heads = 4  # attention heads; dim must be a multiple
+    c.model.conformer.ff_mult = 4  # feed-forward hidden units = ff_mult * dim
+    c.model.conformer.conv_kernel = 15  # depthwise kernel; odd unless causal
+    c.model.conformer.subsampling_channels = 64  # small: the 2nd conv dominates FLOPs otherwise
+    c.model.conformer.scan_layers = True  # compile one block, not 8: ~12 s per batch shape, not ~38
+    c.model.conformer.dropout = 0.1  # Gulati et al.'s; its random bits cost ~25% of a CPU step
+    # 4: 40 ms frames (Gulati et al.). 8 (a third stride-2 conv) halves the blocks' frames,
+    # but 12.5 frames/s is fewer than the characters of fast speech (up to ~20/s), and CTC
+    # needs a frame per label.
+    c.model.conformer.subsampling_factor = 4
+    # What each block keeps for the backward pass: none | full (recompute the block) |
+    # dots (keep only weight-matmul outputs). A 144-dim model's activations fit in CPU
+    # memory, so recomputation would only cost time.
+    c.model.conformer.remat = "none"
+    # Streaming (see jaxspeech/models/conformer.py); all off: full context is the more
+    # accurate model. causal: depthwise convolutions see only past frames.
+    c.model.conformer.causal = False
+    # Chunked attention: subsampled frames attend within chunks of chunk_size frames and
+    # left_chunks chunks before (-1 = all of them); chunk_size 0 = full context.
+    c.model.conformer.chunk_size = 0
+    c.model.conformer.left_chunks = -1  # chunks of history each chunk attends to
+    # Training draws a chunk size per batch (full context half the time, else uniform on
+    # 1..max_dynamic_chunk), so one model serves any chunk size.
+    c.model.conformer.dynamic_chunk = False
+    c.model.conformer.max_dynamic_chunk = 25  # 1 s at x4 subsampling, as in WeNet
+
+
+def _loss(c: ConfigDict) -> None:
+    c.loss = ConfigDict()  # the transducer's loss (CTC has no settings)
+    # "pruned" (k2): a linear joiner bounds each frame to prune_range labels and the full
+    # joiner runs only there; "full": the exact lattice, chunked (more memory and time).
+    c.loss.rnnt = "pruned"
+    c.loss.prune_range = 5  # labels per frame the pruned loss keeps (k2's default)
+    c.loss.simple_scale = 0.5  # weight of the linear joiner's loss after warm-up
+    # Over the first steps the simple loss weighs 1 -> simple_scale and the pruned one
+    # 0.1 -> 1: the pruning bounds are meaningless until the simple joiner has learned.
+    c.loss.rnnt_warmup_steps = 300
+    c.loss.ctc_weight = 0.3  # CTC auxiliary weight when model.head = "ctc+rnnt"
+    # The transducer's gradient reaches the encoder 0 -> 1 over rnnt_warmup_steps, and an
+    # acoustic-only loss teaches the encoder its first alignments: CTC (ctc+rnnt), else the
+    # simple joiner's acoustic half alone (rnnt). Without it the transducer flattened the
+    # encoder output before any alignment formed and the recipes left their blank plateau
+    # only with lucky random draws (jaxspeech.training.step).
+    c.loss.rnnt_encoder_warmup = True
+    c.loss.frames_per_chunk = 16  # full loss: frames whose joiner logits exist at once
+
+
+def _decoding(c: ConfigDict) -> None:
+    c.decoding = ConfigDict()  # evaluation's decoder (in-loop and standalone)
+    # ctc_greedy | ctc_beam | rnnt_greedy | rnnt_beam; "auto": the head's greedy decoder
+    # (RNN-T when there is one).
+    c.decoding.method = "auto"
+    c.decoding.beam = 4  # hypotheses kept by ctc_beam / rnnt_beam
+    c.decoding.max_symbols_per_frame = 3  # RNN-T greedy
+    # Shallow fusion of a word n-gram LM (ARPA/KenLM file, `python -m data_prep.lm`) in
+    # ctc_beam and rnnt_beam: score + lm_weight * ln P_lm(words) + word_bonus * words
+    # (defaults tuned on the demo's dev set; see jaxspeech.decoding.search).
+    c.decoding.lm_path = ""
+    c.decoding.lm_weight = search.LM_WEIGHT  # the LM's weight (value: decoding.search)
+    c.decoding.word_bonus = search.WORD_BONUS  # score per word (value: decoding.search)
+    # Decode a streaming Conformer chunk by chunk through its stream functions (equal to
+    # the masked full pass; what a streaming server runs) instead of in one pass.
+    c.decoding.streaming = False
+
+    # How hypotheses are scored against references (evaluation, in-loop and standalone).
+    c.scoring = ConfigDict()
+    c.scoring.lowercase = False  # fold case before scoring
+    c.scoring.remove_punctuation = False  # drop punctuation (apostrophes inside words stay)
+    # word<TAB>replacement per line, applied to both sides ("" deletes the word); "" = none
+    c.scoring.mapping_file = ""
+    c.scoring.worst = 5  # the utterances with the most word errors, printed after a score
+    c.scoring.bootstrap_samples = 1000  # resamples for the 95% interval of WER/CER; 0 = none
+
+
+def _optim(c: ConfigDict) -> None:
+    c.optim = ConfigDict()  # jaxspeech.training.optim
+    c.optim.name = "adamw"  # the one optimizer (decoupled weight decay on matrices)
+    c.optim.peak_lr = 2e-3  # with 64 s batches; 3e-3 with 32 s stayed on the blank plateau
+    c.optim.warmup_steps = 150  # linear warm-up to peak_lr
+    c.optim.decay = "cosine"  # cosine (to end_lr_ratio * peak at num_steps) | noam | constant
+    c.optim.end_lr_ratio = 0.02  # the cosine's final learning rate / peak_lr
+    c.optim.b1 = 0.9  # Adam's first-moment decay
+    c.optim.b2 = 0.98  # Adam's second-moment decay (Transformer practice, not 0.999)
+    c.optim.eps = 1e-9  # Adam's epsilon (Transformer practice)
+    c.optim.weight_decay = 1e-3  # AdamW's, on weight matrices only
+    c.optim.clip_norm = 5.0  # global gradient norm clip
+
+
+def _distill(c: ConfigDict) -> None:
+    # Semi-supervised training (README "Semi-supervised training"): a second stream of
+    # batches mixed with the labeled train split by a schedule. With `targets` (the output
+    # of `python -m jaxspeech.distill.targets` for `other_split`) its rows learn a teacher's
+    # per-frame top-k distribution (CTC students with the teacher's frame rate and
+    # vocabulary); without, `other_split` is a pseudo-labeled split (the targets job's
+    # --pseudo_labels) trained like labeled data, for any head.
+    c.distill = ConfigDict()
+    c.distill.other_split = ""  # "" = off
+    c.distill.other_dir = ""  # the data directory of other_split ("" = data.dir)
+    c.distill.targets = ""  # the targets job's --output ("" = pseudo-label mode)
+    # END:LABELED_EVERY phases: until END (a fraction of train.num_steps, or a step count) a
+    # labeled batch every LABELED_EVERY steps (1: labeled only; 0: the other stream only).
+    # The reference's scheduled learning ends on labeled data only, e.g. "0.8:4,1.0:1".
+    c.distill.schedule = "0.8:4,1.0:1"
+    c.distill.loss = "kl"  # kl | ce: against the teacher's reconstructed distribution
+    # The probability outside the stored top-k: spread uniformly over the other tokens, or
+    # dropped (the top-k renormalized).
+    c.distill.rest = "spread"
+    c.distill.temperature = 1.0  # of both distributions; the loss is scaled by its square
+    c.distill.weight = 1.0  # of the per-frame soft-target loss against the per-token CTC loss
+
+
+def _train(c: ConfigDict) -> None:
+    c.train = ConfigDict()  # the training loop
+    c.train.num_steps = 1350  # the demo's: ~1 step/s on 2 cores, `make demo` fits 25 minutes
+    c.train.run_steps = 0  # >0: stop this invocation after that many steps (then resume)
+    c.train.log_every = 25  # steps between progress lines and metric writes
+    c.train.checkpoint_every = 200  # steps (0 = off); also saved at the end and on SIGTERM
+    # ... and at least this often (minutes): the most work a kill can cost. 10 minutes of a
+    # 1000-device job is worth more than the few seconds a save blocks the step.
+    c.train.checkpoint_minutes = 10.0
+    c.train.keep_checkpoints = 2  # the latest ones ...
+    c.train.keep_best = 1  # ... plus this many with the lowest eval WER
+    # Steps with a non-finite loss or gradient are skipped; this many in a row means the
+    # run diverged: stop with diagnostics rather than burn the allocation.
+    c.train.max_nonfinite_steps = 10
+    # XLA executables persist here ({workdir} = the run directory; "" = off), so a restarted
+    # run loads its step instead of recompiling it (seconds to minutes per batch shape).
+    # Point several runs at one shared directory (gs:// on TPU) to share compilations.
+    c.train.compile_cache_dir = "{workdir}/compile_cache"
+    c.train.eval_every = 0  # steps; 0 = only at the end (eval costs CPU time in the demo)
+    c.train.eval_at_end = True  # score data.eval_split when training ends
+    # Micro-batches per step (gradient accumulation): the batch of data.batch_seconds is
+    # processed in this many slices, for activation memory of one slice. 1 on CPU.
+    c.train.grad_accum = 1
+
+
+def _monitor(c: ConfigDict) -> None:
+    c.monitor = ConfigDict()  # what training reports besides its losses
+    # Peak dense TFLOP/s of one device for MFU; 0 = from the device kind
+    # (jaxspeech.metrics.perf.PEAK_TFLOPS; unknown kinds such as CPUs report no MFU).
+    c.monitor.peak_tflops = 0.0
+    # Every this many steps: decode a few training rows next to their references and
+    # draw a spectrogram before/after augmentation (one extra compilation; 0 = never).
+    c.monitor.samples_every = 450
+    c.monitor.num_samples = 2  # training rows decoded each time
+    # Write each step's utterance ids to RUN/batch_ids/ (audits data order across
+    # restarts; one line per step and process).
+    c.monitor.log_batch_ids = False
+    # Count each batch shape's model FLOPs (one extra lowering per shape, for the MFU
+    # column); off = MFU is not reported, start-up is quicker (the tests turn it off).
+    c.monitor.count_flops = True
+
+
+def _mesh(c: ConfigDict) -> None:
+    c.mesh = ConfigDict()  # the device mesh and how arrays are laid out on it
+    # Sizes of (replica, data, fsdp, tensor); -1 = the rest of the devices. `replica`:
+    # groups of whole hosts (or TPU slices) joined by slow links; only the gradient
+    # all-reduce crosses them. Parameters and optimizer state shard over `fsdp`;
+    # attention heads, feed-forward units and the vocabulary over `tensor`.
+    c.mesh.replica = 1
+    c.mesh.data = -1  # plain data parallelism over every device
+    c.mesh.fsdp = 1  # no parameter sharding: a small model fits every device
+    c.mesh.tensor = 1  # no tensor parallelism
+    # Logical axis -> mesh axes ("a,b" = several, "" = replicated) for every parameter
+    # and activation (jaxspeech.parallel.rules.DEFAULT_RULES, each entry's reason there);
+    # a new parallelism layout is a new table here, not a model change.
+    # E.g. --config.mesh.rules.embed= keeps parameters whole on a data+fsdp mesh.
+    c.mesh.rules = ConfigDict(rules.rules_to_config())
+
+
+def _sync(c: ConfigDict) -> None:
+    # How learners agree on a model (jaxspeech/parallel/sync.py; README "Choosing a sync
+    # strategy"). A learner is one replica x data group of devices. The values come from
+    # sync.default_sync_config (the one table, which also completes partial settings).
+    s = sync.default_sync_config()
+    c.sync = ConfigDict()  # see sync.default_sync_config for the values
+    # allreduce (gradients every step) | bmuf (local steps, block-wise model averaging
+    # with block momentum) | gtc (threshold-compressed gradients with residuals) | gossip
+    # (ring averaging with neighbours) | hierarchical (all-reduce inside a replica,
+    # `outer` across replicas).
+    c.sync.strategy = s["strategy"]
+    c.sync.outer = s["outer"]  # hierarchical: gossip | bmuf across the replica axis
+    c.sync.block_steps = s["block_steps"]  # bmuf: local steps per block (traffic / block_steps)
+    c.sync.block_momentum = s["block_momentum"]  # bmuf eta; -1 = 1 - 1/learners (the reference's)
+    # bmuf zeta; -1 = from block_gain: zeta (1 + eta) / (1 - eta) = gain with Nesterov
+    c.sync.block_lr = s["block_lr"]
+    # bmuf: the global model's move per block / the learners' mean move, in steady state.
+    # 1: the learners split the global batch, so their mean already moves as far as the
+    # all-reduce model (sync.bmuf_block_lr); the reference's rule (zeta 1, eta 1 - 1/N) is
+    # N x 1.75 and kept the demo on its blank plateau.
+    c.sync.block_gain = s["block_gain"]
+    c.sync.nesterov = s["nesterov"]  # bmuf: learners restart from W_g + eta * momentum
+    c.sync.gtc_tau = s["gtc_tau"]  # gtc: fixed threshold; used when gtc_density = 0
+    # gtc: adaptive threshold sending this share of each shard's elements per step
+    c.sync.gtc_density = s["gtc_density"]
+    # gtc: message slots per shard element (fixed-size all-gather); the excess waits in
+    # the residual and is counted (sync/gtc_overflow)
+    c.sync.gtc_capacity = s["gtc_capacity"]
+    c.sync.gtc_values = s["gtc_values"]  # gtc: sign (+-tau, 4 bytes per element) | float (8 bytes)
+    # gossip: mix with the neighbours' parameters from before this step's update, so the
+    # exchange overlaps the step's compute (D-PSGD; the synchronous form of AD-PSGD)
+    c.sync.gossip_overlap = s["gossip_overlap"]
+
+
+# ---------------------------------------------------------------- runs from before a key
+@functools.cache
+def _defaults() -> dict:
+    return get_config().to_dict()
+
+
+def lookup(config: ConfigDict | Mapping, key: str):
+    """`config`'s (a ConfigDict or a saved run's dict) value of the dotted `key`, or its
+    default when `config` lacks it (a run saved before the key existed)."""
+    node = config
+    for part in key.split("."):
+        if node is None or part not in node:
+            node = _defaults()
+            for p in key.split("."):
+                node = node[p]
+            return copy.deepcopy(node)
+        node = node[part]
+    return node
+
+
+def fill_missing(config: ConfigDict, *sections: str) -> ConfigDict:
+    """Add to `config`, in place, every default key it lacks under `sections` ("decoding",
+    "model.conformer"; all when none are named): a run saved before those keys existed
+    then reads as it always ran. Returns `config`."""
+    for section in sections or ("",):
+        default: dict = _defaults()
+        node = config
+        for part in [p for p in section.split(".") if p]:
+            default = default[part]
+            if part not in node:
+                node[part] = ConfigDict()
+            node = node[part]
+        _fill(node, default)
+    return config
+
+
+def _fill(node: ConfigDict, default: dict) -> None:
+    for key, value in default.items():
+        if key not in node:
+            node[key] = ConfigDict(value) if isinstance(value, dict) else copy.deepcopy(value)
+        elif isinstance(value, dict) and isinstance(node[key], ConfigDict):
+            _fill(node[key], value)

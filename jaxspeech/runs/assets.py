@@ -1,0 +1,78 @@
+"""A run's own assets (RUN/assets): the tokenizer and feature statistics copied from the
+prepared corpus on the first run, checked against the data on every resume."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+
+import jax
+import numpy as np
+from ml_collections import ConfigDict
+
+from jaxspeech.audio.features import stats_to_mean_std
+from jaxspeech.config import build
+from jaxspeech.data.tokenizer import Tokenizer
+from jaxspeech.errors import UserError
+
+ASSETS = "assets"  # RUN/assets: the run's own tokenizer and feature statistics
+
+
+TOKENIZER = "tokenizer"
+
+
+# ---------------------------------------------------------------- a run's assets
+def install_assets(config: ConfigDict, workdir: str) -> tuple[str, np.ndarray, np.ndarray]:
+    """Copy the data's tokenizer and feature statistics into RUN/assets (first run only).
+
+    Returns (tokenizer dir, mean (F,), std (F,)). A resumed run keeps its own
+    assets; if the data directory's tokenizer changed since, that is an error.
+    """
+    data_dir, split = config.data.dir, config.data.train_split
+    src_tok = os.path.join(data_dir, TOKENIZER)
+    stats_path = os.path.join(data_dir, split, "stats.json")
+    for p in (src_tok, stats_path):
+        if not os.path.exists(p):
+            raise UserError(
+                f"{p} not found: data.dir={data_dir!r} is not a prepared corpus "
+                f"(run `python -m data_prep.prepare ... --output {data_dir} --split {split}`)"
+            )
+    assets = os.path.join(workdir, ASSETS)
+    dst_tok = os.path.join(assets, TOKENIZER)
+    if jax.process_index() == 0 and not os.path.exists(dst_tok):
+        os.makedirs(assets, exist_ok=True)
+        shutil.copytree(src_tok, dst_tok + ".tmp", dirs_exist_ok=True)
+        shutil.copy(stats_path, os.path.join(assets, "stats.json"))
+        os.replace(dst_tok + ".tmp", dst_tok)
+    _wait_for(dst_tok)
+    if Tokenizer.load(src_tok).vocab_size != Tokenizer.load(dst_tok).vocab_size:
+        raise UserError(
+            f"the tokenizer in {src_tok} differs from this run's ({dst_tok}); "
+            "use a new --workdir for a re-prepared corpus"
+        )
+    with open(os.path.join(assets, "stats.json")) as f:
+        stats = json.load(f)
+    expected = build.feature_config(config).as_dict()
+    got = {k: stats["feature"].get(k) for k in expected}
+    if any(
+        not (got[k] == v or (isinstance(v, float) and math.isclose(got[k] or 0.0, v)))
+        for k, v in expected.items()
+    ):
+        raise UserError(
+            f"feature statistics in {stats_path} were computed with {got}, but the config "
+            f"asks for {expected}; re-run data_prep.prepare with matching feature flags"
+        )
+    mean, std = stats_to_mean_std(stats["count"], stats["sum"], stats["sum_sq"])
+    return dst_tok, mean, std
+
+
+def _wait_for(path: str, timeout_s: float = 300.0) -> None:
+    """Other processes wait for process 0 to install the assets (shared filesystem)."""
+    t0 = time.time()
+    while not os.path.exists(path):
+        if time.time() - t0 > timeout_s:
+            raise UserError(f"{path} did not appear: is RUN on a filesystem all hosts share?")
+        time.sleep(0.5)

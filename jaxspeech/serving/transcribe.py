@@ -1,0 +1,110 @@
+"""Transcribe audio files with a trained run: batches of short files on the mesh, long
+files in overlapping windows (`jaxspeech.serving.longform`), word times and confidences."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import jax
+import numpy as np
+import soundfile as sf
+from flax import nnx
+
+from jaxspeech.decoding import search
+from jaxspeech.decoding.lm import TokenWords
+from jaxspeech.parallel import mesh as mesh_lib
+from jaxspeech.runs import loading
+from jaxspeech.serving import longform
+
+
+def window_decoder(run: loading.Run, config, max_seconds: float) -> longform.WindowDecoder:
+    """decode(audio (B, S), audio_len (B,)) -> per row (labels, frames) with `config`'s
+    decoding: on the run's mesh (B a multiple of its batch shards), or with
+    decoding.streaming through the stream functions, row by row (pieces of up to
+    `max_seconds`)."""
+    mesh = run.spec.mesh
+    blank = run.tokenizer.blank_id
+    searcher = search.Searcher(config, run.tokenizer, run.spec.graphdef)
+    with jax.set_mesh(mesh):
+        hypotheses = searcher.bind(run.params, run.model_vars, with_frames=True)
+    if config.decoding.get("streaming", False):
+        stream = search.StreamDecoder(
+            run.spec.graphdef, run.params, run.model_vars, config, blank, max_seconds
+        )
+        return lambda audio, lens: hypotheses(stream(audio, lens))
+    decode = search.make_decode_fn(run.spec.graphdef, config, blank)
+
+    def fn(audio: np.ndarray, lens: np.ndarray) -> list:
+        with jax.set_mesh(mesh):
+            arrays = mesh_lib.host_to_global(mesh, {"audio": audio, "audio_len": lens})
+            out = decode(run.params, run.model_vars, arrays["audio"], arrays["audio_len"])
+            out = {k: mesh_lib.to_host_local(mesh, v) for k, v in out.items()}
+        return hypotheses(out)
+
+    return fn
+
+
+def batch_size(requested: int, mesh) -> int:
+    """`requested` rounded up to a multiple of the mesh's batch shards."""
+    unit = mesh_lib.num_batch_shards(mesh)
+    return unit * max(1, -(-requested // unit))
+
+
+def transcribe_files(
+    paths: list[str],
+    run: loading.Run,
+    config,
+    *,
+    window_s: float,
+    overlap_s: float,
+    batch: int,
+    emit: Callable[[dict], None],
+    min_pause_s: float = 0.25,
+) -> int:
+    """Transcribe each file, `emit` each result ({"path", "text", "words", "seconds",
+    "decode_seconds"} or {"path", "error"}); returns the number of files that failed."""
+    batch = batch_size(batch, run.spec.mesh)
+    decode = window_decoder(run, config, window_s)
+    words = TokenWords.from_tokenizer(run.tokenizer)
+    rate = int(config.features.sample_rate)
+    frame_samples = nnx.merge(run.spec.graphdef, run.params, run.model_vars).frame_samples
+    failed = 0
+    for path in paths:
+        t0 = time.perf_counter()
+        samples = [0]  # of this file, counted as the windows read it
+
+        def counted(blocks, total=samples):
+            for block in blocks:
+                total[0] += len(block)
+                yield block
+
+        try:
+            found = longform.transcribe(
+                counted(longform.read_audio_blocks(path, rate)),
+                decode,
+                words,
+                rate=rate,
+                frame_samples=frame_samples,
+                window_s=window_s,
+                overlap_s=overlap_s,
+                min_pause_s=min_pause_s,
+                batch=batch,
+            )
+        except (OSError, sf.SoundFileError) as e:  # missing, unreadable or not audio
+            failed += 1
+            emit({"path": path, "error": f"{type(e).__name__}: {e}"})
+            continue
+        emit(
+            {
+                "path": path,
+                "text": " ".join(w.text for w in found),
+                "words": [
+                    {"word": w.text, "start": round(w.start, 3), "end": round(w.end, 3)}
+                    for w in found
+                ],
+                "seconds": round(samples[0] / rate, 3),
+                "decode_seconds": round(time.perf_counter() - t0, 3),
+            }
+        )
+    return failed
