@@ -9,7 +9,8 @@ Measured figures of every variant, with commit, date and device, and the recipe'
 (what each of its choices was worth): docs/results.md.
 
 Variants (`--config configs/demo.py:NAME`):
-  (default) 1,350 steps (ec33db7, 2026-11-22), 20.6 min of training on 2 CPU cores
+  (default) 1,350 steps (ec33db7, 2026-11-22; rerun 2026-11-26 at 58c880e: the same),
+            20.6 min of training on 2 CPU cores
             (goodput 90%: 80 s of compilation). Test CER 14.5% / WER 50.5% (3 held-out
             voices, unseen sentences), dev CER 14.2% / WER 50.7% (2 other held-out voices).
   long      1,800 steps of the same recipe (not rerun with today's code; its earlier
