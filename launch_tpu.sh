@@ -247,9 +247,9 @@ while :; do
       break
     fi
     code="$(sed -n 's/^exit_code=//p' <<<"$status")"
-    if [[ "$code" == "2" || "$code" == "3" ]]; then
-      echo "launch_tpu.sh: the run exited with code $code (2: a user error, 3: diverged);" \
-        "not restarting it" >&2
+    if [[ "$code" == "2" || "$code" == "3" || "$code" == "5" ]]; then
+      echo "launch_tpu.sh: the run exited with code $code (2: a user error, 3: diverged," \
+        "5: storage full or unwritable); not restarting it" >&2
       exit "$code"
     fi
   else

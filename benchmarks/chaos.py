@@ -47,6 +47,12 @@ synthesized and prepared first, as tests/e2e/conftest.py does (0.06 h, char toke
    (RUN/data_faults/p0.jsonl) at the same steps (`records_skipped` events), and a
    disruption came after a skip (the resumed run met the damage again, or resumed past it).
 
+4. Writer scenarios (`--writers`, on by default; `--no-writers` skips them): two trainers
+   started 1 s apart on a copy of the finished reference run (the second must refuse,
+   holding off on every file), and the disk filling up while checkpoint 2C is being
+   written (a small tmpfs: needs root, else the row says it was skipped); see
+   `benchmarks/lib/writer_chaos.py`. Their rows follow the disruptions' table.
+
 Recorded per disruption: kind, trigger_step (the step whose progress line or
 `checkpoint_saved` event made the driver signal; for `sigkill_save` the step being saved),
 last_step (the last step the run printed as completed, lines read to EOF, so it includes a
@@ -93,7 +99,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:  # `benchmarks.lib` and jaxspeech from this checkout as a script
     sys.path.insert(0, ROOT)
 
-from benchmarks.lib import environment, results  # noqa: E402
+from benchmarks.lib import (  # noqa: E402
+    environment,
+    results,
+    writer_chaos,  # noqa: E402
+)
 from benchmarks.lib.corpus import (  # noqa: E402
     damage_corpus,
     faulty_records,
@@ -127,6 +137,7 @@ def run_chaos(
     verbose: bool = True,
     extra_args: Sequence[str] = (),
     damaged_records: int = 3,
+    writers: bool = False,
 ) -> dict:
     """Reference run, chaos runs, verification; returns (and writes to `out`) the result."""
     say = print if verbose else (lambda *a, **k: None)
@@ -148,6 +159,10 @@ def run_chaos(
     checks = verify(ref_dir, chaos_dir, steps) | damage_checks(
         ref_dir, chaos_dir, damaged_records, events
     )
+    writer_rows = []
+    if writers:  # the reference's corpus and flags: disk_full compares with it
+        for scenario in (writer_chaos.two_trainers, writer_chaos.disk_full):
+            writer_rows.append(scenario(ref_dir, data, steps, every, extra_args, workdir, say))
     import jax
 
     result = {
@@ -177,6 +192,7 @@ def run_chaos(
         **summarize(events),
         **checks,
         "runs": [run_summary(r) for r in [ref, *runs]],
+        "writer_scenarios": writer_rows,
         "workdir": workdir,
         "command": "python " + " ".join(cmd[1:]).replace("-u ", "", 1),
     }
@@ -430,6 +446,8 @@ def print_report(r: dict, say=print) -> None:
             f"both runs: {r['skips_equal']}; a disruption after a skip: "
             f"{r['disrupted_after_a_skip']}"
         )
+    if r.get("writer_scenarios"):
+        writer_chaos.print_writer_rows(r["writer_scenarios"], say)
     say(f"total {r['wall_s']:.0f} s")
 
 
@@ -454,6 +472,13 @@ def main(argv: list[str] | None = None) -> dict:
         default=3,
         help="places damaged in a train shard of a copy of the corpus (0: train on it as is)",
     )
+    ap.add_argument(
+        "--writers",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also run the writer scenarios: two trainers on one run directory, and the "
+        "disk filling up during a save (benchmarks/lib/writer_chaos.py; the latter needs root)",
+    )
     args = ap.parse_args(argv)
     plan = QUICK if args.quick else FULL
     steps = args.steps or plan["steps"]
@@ -473,6 +498,7 @@ def main(argv: list[str] | None = None) -> dict:
             out=args.out,
             quick=args.quick,
             damaged_records=args.damaged_records,
+            writers=args.writers,
         )
     finally:
         if temp and not args.keep:

@@ -4,6 +4,7 @@ parse into."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 
 from absl import flags
@@ -11,6 +12,7 @@ from absl import flags
 from data_prep.readers import READERS
 from data_prep.readers.common import PrepareError
 from jaxspeech.audio.features import LogMelConfig
+from jaxspeech.audio.mfcc import FEATURE_KINDS, MAX_DELTAS
 from jaxspeech.data import records
 
 HOURS_PER_SHARD = 1.0  # Default audio per shard (see data_prep.sharding.default_num_shards).
@@ -95,6 +97,12 @@ def define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_float("fmin", 0.0, "Stats: lowest mel frequency (Hz).", **d)
     flags.DEFINE_float("fmax", None, "Stats: highest mel frequency (default sample_rate/2).", **d)
     flags.DEFINE_float("log_floor", 1e-6, "Stats: log(mel + log_floor).", **d)
+    flags.DEFINE_enum(
+        "features", "log_mel", list(FEATURE_KINDS), "Stats of: the model's features.kind.", **d
+    )
+    flags.DEFINE_integer("num_ceps", 40, "Stats, --features mfcc: cepstra kept.", **d)
+    flags.DEFINE_float("lifter", 22.0, "Stats, --features mfcc: cepstral lifter (0 = off).", **d)
+    flags.DEFINE_integer("deltas", 0, "Stats, --features mfcc: delta orders appended.", **d)
     flags.DEFINE_bool("allow_pipes", False, "kaldi: run wav.scp entries that are commands.", **d)
     flags.DEFINE_string("tfds_data_dir", None, "tfds: the TFDS data directory.", **d)
     flags.DEFINE_string("tfds_split", None, "tfds: the TFDS split (default: --split).", **d)
@@ -104,6 +112,37 @@ def define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_string("tfds_id_key", "id", "tfds: the id feature (else the index).", **d)
     flags.DEFINE_integer(
         "tfds_sample_rate", None, "tfds: audio rate (default: the feature's metadata).", **d
+    )
+
+
+def _feature(fv: flags.FlagValues) -> LogMelConfig:
+    """The statistics' features: the model's `config.features` (LogMelConfig) as flags.
+
+    Raises:
+      PrepareError: MFCC settings the front end cannot compute.
+    """
+    if fv.features == "mfcc":
+        if not 1 <= fv.num_ceps <= fv.num_mel_bins:
+            raise PrepareError(
+                f"--num_ceps must be in [1, --num_mel_bins={fv.num_mel_bins}], got {fv.num_ceps}"
+            )
+        if not (math.isfinite(fv.lifter) and fv.lifter >= 0):
+            raise PrepareError(f"--lifter must be a finite number >= 0, got {fv.lifter}")
+        if not 0 <= fv.deltas <= MAX_DELTAS:
+            raise PrepareError(f"--deltas must be in [0, {MAX_DELTAS}], got {fv.deltas}")
+    return LogMelConfig(
+        sample_rate=fv.sample_rate,
+        n_fft=fv.n_fft,
+        win_length=fv.win_length,
+        hop_length=fv.hop_length,
+        num_mel_bins=fv.num_mel_bins,
+        fmin=float(fv.fmin),
+        fmax=float(fv.fmax if fv.fmax is not None else fv.sample_rate / 2),
+        log_floor=float(fv.log_floor),
+        kind=fv.features,
+        num_ceps=fv.num_ceps,
+        lifter=float(fv.lifter),
+        deltas=fv.deltas,
     )
 
 
@@ -136,16 +175,7 @@ def parse_args(argv: list[str]) -> tuple[PrepConfig, list[str]]:
     if fv.alphabet is not None and fv.alphabet != fv.alphabet.lower():
         # Transcripts are checked after normalization, which lowercases them.
         raise PrepareError(f"--alphabet must be lowercase, got {fv.alphabet!r}")
-    feature = LogMelConfig(
-        sample_rate=fv.sample_rate,
-        n_fft=fv.n_fft,
-        win_length=fv.win_length,
-        hop_length=fv.hop_length,
-        num_mel_bins=fv.num_mel_bins,
-        fmin=float(fv.fmin),
-        fmax=float(fv.fmax if fv.fmax is not None else fv.sample_rate / 2),
-        log_floor=float(fv.log_floor),
-    )
+    feature = _feature(fv)
     train_tok = fv.train_tokenizer if fv.train_tokenizer is not None else split == "train"
     cfg = PrepConfig(
         format=fv.format,

@@ -35,12 +35,12 @@ import json
 import math
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Iterable, Iterator, Sequence
 
 from absl import flags
 
+from jaxspeech import files
 from jaxspeech.data import reader as reader_lib
 from jaxspeech.data import records
 from jaxspeech.data.tokenizer import normalize_text
@@ -312,17 +312,9 @@ def arpa_lines(model: LanguageModel) -> Iterator[str]:
 def write_arpa(model: LanguageModel, path: str) -> None:
     """Writes `model` to `path` through a temporary file beside it: a killed run leaves
     the old file (or none), never half of one."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=os.path.basename(path) + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.writelines(arpa_lines(model))
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with files.atomic_open(path) as f:
+        f.writelines(arpa_lines(model))
 
 
 def build_lm(sentences: Iterable[str], order: int, output: str) -> dict:

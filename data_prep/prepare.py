@@ -4,7 +4,8 @@
         --output DIR --split NAME [--num_shards N | --hours_per_shard H] [--seed S]
         [--tokenizer char|bpe|unigram] [--vocab_size V] [--alphabet CHARS]
         [--min_duration S] [--max_duration S] [--sample_rate 16000]
-        [--audio_format pcm_s16le|flac] [--runner DirectRunner] [other Beam options]
+        [--audio_format pcm_s16le|flac] [--verbose] [--runner DirectRunner]
+        [other Beam options]
 
 One Apache Beam pipeline (the shape of section IV of the 1M-hour paper in
 ``shared/references``: group by speaker early, equal shards, hierarchical shuffle,
@@ -73,7 +74,7 @@ from data_prep.report import (
     spread,
     summarize_events,
 )
-from data_prep.runner import pipeline_options
+from data_prep.runner import pipeline_options, quiet_beam_output
 from data_prep.sharding import (
     CountAndSecondsFn,
     WriteShard,
@@ -94,6 +95,7 @@ from data_prep.staging import (
 from data_prep.stats import combine_stats
 from data_prep.tokenizer_training import TranscriptSampleFn, train_tokenizer
 from data_prep.validate import KeepFirstOfId, ValidateAndEncode
+from jaxspeech import files
 from jaxspeech.data import records
 
 
@@ -199,21 +201,26 @@ def _finalize(cfg: PrepConfig, staging: str, start_time: float) -> dict[str, Any
     """Turns the pipeline's outputs in ``staging`` into the split's files; returns the report."""
     parts = os.path.join(staging, "_parts")
     shards, durations, stats = _finalize_shards(cfg, staging)
-    records.write_split_index(
-        staging,
-        shards,
-        durations,
-        extra={
-            "split": cfg.split,  # The staging directory's name is not the split's.
-            "sample_rate": cfg.sample_rate,
-            "audio_format": cfg.audio_format,
-            "format": cfg.format,
-            "input": cfg.input,
-            "num_shards": len(shards),
-        },
-    )
-    if stats is not None:
-        write_json({"feature": cfg.feature.as_dict(), **stats}, os.path.join(staging, "stats.json"))
+    if durations.size:  # no index for a split without records: nothing may take it as one
+        if stats is not None:
+            stats_path = os.path.join(staging, "stats.json")
+            write_json({"feature": cfg.feature.as_dict(), **stats}, stats_path)
+        records.write_split_index(  # last of the split's files: its completion mark
+            staging,
+            shards,
+            durations,
+            extra={
+                "split": cfg.split,  # The staging directory's name is not the split's.
+                "sample_rate": cfg.sample_rate,
+                "audio_format": cfg.audio_format,
+                "format": cfg.format,
+                "input": cfg.input,
+                "num_shards": len(shards),
+            },
+        )
+    else:
+        for shard in shards:  # the empty shard files of a split that has no records
+            os.remove(os.path.join(staging, shard["path"]))
     events = summarize_events(read_json(os.path.join(parts, "events.json")))
     num_input = int(read_json(os.path.join(parts, "num_input.json")))
     num_written = int(durations.size)
@@ -280,14 +287,19 @@ def prepare(argv: list[str]) -> dict[str, Any]:
         if state not in (None, PipelineState.DONE):
             raise RuntimeError(f"pipeline ended in state {state}")
         report = _finalize(cfg, staging, start)
-        replace_dir(staging, cfg.split_dir)
+        report_path = os.path.join(cfg.split_dir, "prep_report.json")
+        if report["num_written"] or not os.path.exists(cfg.split_dir):
+            replace_dir(staging, cfg.split_dir)
+        else:  # a failed preparation never replaces a split that was there
+            report_path = f"{cfg.split_dir}.failed-prep_report.json"
+            os.replace(os.path.join(staging, "prep_report.json"), report_path)
     finally:
         if os.path.exists(staging):
             shutil.rmtree(staging, ignore_errors=True)
     if report["num_written"] == 0:
         raise PrepareError(
             f"no records written from {cfg.input}: all {report['num_input']} items were skipped "
-            f"(see {os.path.join(cfg.split_dir, 'prep_report.json')})"
+            f"(see {report_path}); no split was written"
         )
     if "error" in report.get("tokenizer", {}):
         raise PrepareError(
@@ -296,20 +308,50 @@ def prepare(argv: list[str]) -> dict[str, Any]:
     return report
 
 
+def _define_verbose(fv: flags.FlagValues) -> None:
+    flags.DEFINE_bool(
+        "verbose",
+        False,
+        "Show Beam's routine log lines (its workers' INFO lines), which are dropped otherwise.",
+        flag_values=fv,
+        module_name="data_prep.prepare",
+    )
+
+
+def _take_verbose(argv: list[str]) -> tuple[list[str], bool]:
+    """`--verbose` is the command's, not `prepare`'s (nor a Beam option): (argv without
+    it, its value)."""
+    fv = flags.FlagValues()
+    _define_verbose(fv)
+    try:
+        return fv(argv, known_only=True), fv.verbose
+    except flags.Error as e:
+        raise PrepareError(str(e)) from e
+
+
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point: prints a summary, or one ``error:`` line and returns 2."""
     argv = list(sys.argv if argv is None else argv)
     if any(a in ("-h", "--help", "--helpfull") for a in argv[1:]):
         fv = flags.FlagValues()
         define_flags(fv)
+        _define_verbose(fv)
         print(__doc__)
         print(fv.get_help())
         return 0
     try:
-        report = prepare(argv)
+        argv, verbose = _take_verbose(argv)
+        with quiet_beam_output(enabled=not verbose):
+            report = prepare(argv)
     except PrepareError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except Exception as e:  # a full disk in the pipeline or the finalization: one line
+        storage = files.storage_error(e)
+        if not storage:
+            raise
+        print(f"error: storage: {storage} (the split was not replaced)", file=sys.stderr)
+        return 5
     print(format_report(report))
     return 0
 

@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import uuid
 from typing import Any
 
 from data_prep.readers.common import PrepareError
+from jaxspeech import files
 
 
 def write_json(value: Any, path: str) -> None:
     """Writes one element as JSON (the pipeline's hand-off of small results to the launcher)."""
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(value, f)
+    files.atomic_write(path, json.dumps(value))
 
 
 def read_json(path: str) -> Any:
@@ -51,10 +50,4 @@ def make_dirs(staging: str, subdirs: tuple[str, ...] = ()) -> str:
 
 def replace_dir(staging: str, final: str) -> None:
     """Moves ``staging`` to ``final``, replacing (never merging with) what was there."""
-    if os.path.exists(final):
-        old = f"{staging}.old"
-        os.rename(final, old)
-        os.rename(staging, final)
-        shutil.rmtree(old)
-    else:
-        os.rename(staging, final)
+    files.replace_dir(staging, final)

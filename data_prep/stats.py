@@ -1,5 +1,6 @@
-"""Normalization statistics (CMVN): per-utterance log-mel sums, added per shard in file
-order, then over shards in shard order."""
+"""Normalization statistics (CMVN): per-utterance sums of the features the model sees
+(log-mel, or MFCC with `--features mfcc`), added per shard in file order, then over shards
+in shard order."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from jaxspeech.audio.features import LogMelConfig, mel_filterbank
+from jaxspeech.audio.mfcc import mfcc_np
 
 
 @functools.cache
@@ -54,6 +56,19 @@ def log_mel_sums(
 ) -> tuple[int, np.ndarray, np.ndarray]:
     """(frames, per-bin sum (F,) float64, per-bin sum of squares (F,) float64)."""
     feats = log_mel(audio_i16, feature).astype(np.float64)
+    return feats.shape[1], feats.sum(axis=1), np.square(feats).sum(axis=1)
+
+
+def feature_sums(
+    audio_i16: np.ndarray, feature: LogMelConfig
+) -> tuple[int, np.ndarray, np.ndarray]:
+    """`log_mel_sums` of the model's features: for kind "mfcc" those of the MFCCs (deltas
+    included, `jaxspeech.audio.mfcc.mfcc_np`: the model's arithmetic) of the log-mel."""
+    if feature.kind != "mfcc":
+        return log_mel_sums(audio_i16, feature)
+    mel = log_mel(audio_i16, feature)
+    with _blas_controller().limit(limits=1, user_api="blas"):  # as in log_mel: one thread
+        feats = mfcc_np(mel, feature.num_ceps, feature.lifter, feature.deltas)
     return feats.shape[1], feats.sum(axis=1), np.square(feats).sum(axis=1)
 
 

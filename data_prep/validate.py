@@ -15,7 +15,7 @@ from data_prep.config import PrepConfig
 from data_prep.readers.audio import load_item_audio
 from data_prep.readers.common import AudioError, Item
 from data_prep.report import EVENTS, SKIPPED
-from data_prep.stats import log_mel_sums
+from data_prep.stats import feature_sums
 from jaxspeech.data import records
 from jaxspeech.data.tokenizer import normalize_text
 
@@ -46,7 +46,9 @@ class Prepared(NamedTuple):
     normalized_text: str
     resampled: bool
     downmixed: bool
-    frames: int  # Log-mel frames, and their per-bin float64 sums (F,) and sums of squares.
+    # Feature frames, and their per-feature float64 sums (F,) and sums of squares: of the
+    # log-mel bins, or of the MFCCs with --features mfcc (stats.feature_sums).
+    frames: int
     mel_sum: np.ndarray
     mel_sum_sq: np.ndarray
 
@@ -145,7 +147,7 @@ class ValidateAndEncode(beam.DoFn):
             speaker=item.speaker,
             audio_format=cfg.audio_format,
         )
-        frames, mel_sum, mel_sum_sq = log_mel_sums(audio_i16, cfg.feature)
+        frames, mel_sum, mel_sum_sq = feature_sums(audio_i16, cfg.feature)
         spill_path, spill_index = self._write_spill(record)
         yield Prepared(
             id=item.id,

@@ -1,7 +1,7 @@
 """Checks prepared shards record by record, reports what is bad, and can repair a split.
 
     python -m data_prep.verify DIR [--split S [--split S2 ...]] [--report PATH] [--repair]
-        [--runner DirectRunner] [other Beam options]
+        [--verbose] [--runner DirectRunner] [other Beam options]
 
 For every shard of every split (default: every split under DIR): the file exists and opens,
 holds the record count `index.json` gives, and every record reads, decodes (header and
@@ -37,7 +37,8 @@ from typing import Any
 import apache_beam as beam
 import numpy as np
 
-from data_prep.runner import pipeline_options
+from data_prep.runner import pipeline_options, quiet_beam_output
+from jaxspeech import files
 from jaxspeech.data import reader as reader_lib
 from jaxspeech.data import records
 
@@ -128,6 +129,25 @@ def split_names(data_dir: str, splits: list[str] | None) -> list[str]:
         for d in os.listdir(data_dir)
         if os.path.isfile(os.path.join(data_dir, d, records.INDEX_FILE))
     )
+    # The index is written last: a directory with a split's other files and no index is
+    # what a failed or interrupted preparation left, never a split to pass.
+    incomplete = [
+        d
+        for d in sorted(os.listdir(data_dir))
+        if d not in found
+        and (not splits or d in splits)
+        and os.path.isdir(os.path.join(data_dir, d))
+        and any(
+            n == "prep_report.json" or n.endswith(".array_record")
+            for n in os.listdir(os.path.join(data_dir, d))
+        )
+    ]
+    if incomplete:
+        raise VerifyError(
+            f"{', '.join(os.path.join(data_dir, d) for d in incomplete)}: not a complete split "
+            f"(no {records.INDEX_FILE}, the mark of a finished preparation): its preparation "
+            "failed or did not finish; see its prep_report.json if any, and prepare it again"
+        )
     if not splits:
         if not found:
             raise VerifyError(f"{data_dir} holds no prepared split (no */{records.INDEX_FILE})")
@@ -188,8 +208,7 @@ def run_checks(data_dir: str, splits: list[str], beam_args: list[str]) -> dict[s
 
 
 def _write_json(value: Any, path: str) -> None:
-    with open(path, "w") as f:
-        json.dump(value, f)
+    files.atomic_json(path, value, indent=None)
 
 
 def summarize(split: str, shards: list[dict]) -> dict[str, Any]:
@@ -310,6 +329,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--split", action="append", help="a split to check (repeatable)")
     parser.add_argument("--report", help="report file (default: DIR/verify.json)")
     parser.add_argument("--repair", action="store_true", help="rewrite without bad records")
+    parser.add_argument(
+        "--verbose", action="store_true", help="show Beam's routine log lines (dropped otherwise)"
+    )
     return parser.parse_known_args(argv)
 
 
@@ -320,12 +342,16 @@ def main(argv: list[str] | None = None) -> int:
     except VerifyError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    by_split = run_checks(args.data_dir, splits, beam_args)
+    with quiet_beam_output(enabled=not args.verbose):
+        by_split = run_checks(args.data_dir, splits, beam_args)
     report = {"data_dir": os.path.abspath(args.data_dir), "splits": {}}
     status = 0
     for split, shards in by_split.items():
         summary = summarize(split, shards)
         print(format_split(summary))
+        if summary["records"] == 0:  # nothing to train or score on is not a healthy split
+            print(f"  error: split {split} holds no records", file=sys.stderr)
+            status = 1
         if summary["bad_shards"] and args.repair:
             summary["repair"] = repair_split(args.data_dir, split, shards)
             r = summary["repair"]

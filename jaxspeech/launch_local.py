@@ -1,4 +1,4 @@
-"""Launch N processes of one module on this machine as one `jax.distributed` job.
+r"""Launch N processes of one module on this machine as one `jax.distributed` job.
 
     python -m jaxspeech.launch_local --num_processes 2 [--devices_per_process 4] \
         [--module jaxspeech.train] [--port 0] [--grace_s 30] -- --config configs/demo.py ...
@@ -308,8 +308,13 @@ USAGE = (
 
 def parse_flags(argv: list[str]) -> list[str]:
     """absl parses the launcher's flags (everything before the first `--`); what follows
-    `--` goes to the children verbatim. A usage mistake is one line on stderr, exit 2."""
+    `--` goes to the children verbatim. A usage mistake is one line on stderr, exit 2;
+    `--help` before `--` is the launcher's (`jaxspeech.cli.exit_if_help`), exit 0."""
     split = argv.index("--") if "--" in argv else len(argv)
+    if set(argv[1:split]) & {"-h", "--help", "-?", "--helpshort", "--helpfull"}:
+        from jaxspeech import cli  # only for help: the launcher itself needs no JAX
+
+        cli.exit_if_help(argv[:split])
     try:
         stray = flags.FLAGS(argv[:split])[1:]
         if stray:

@@ -2,6 +2,11 @@
 
 Flags -> config -> `jaxspeech.training.trainer.train_and_evaluate`. Rerunning the same
 command resumes from the latest checkpoint in RUN.
+
+Config keys: every key of jaxspeech/config/defaults.py can be set with
+`--config.KEY=VALUE` (e.g. `--config.train.num_steps=3000`); an unknown key or a bad
+value is one error line. `--config_help` lists every key with its default and what it is
+for; with `--config FILE`, next to that file's values.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from jaxspeech import cli
+from jaxspeech.config import keys
 from jaxspeech.parallel import mesh as mesh_lib
 from jaxspeech.training.trainer import train_and_evaluate
 
@@ -18,6 +24,9 @@ def main(argv: list[str]) -> None:
     if len(argv) > 1:
         cli.usage_error(f"unexpected arguments: {argv[1:]}")
     config, workdir = flags.FLAGS.config, flags.FLAGS.workdir
+    if flags.FLAGS.config_help:
+        print("\n".join(keys.describe_keys(config)), flush=True)
+        return
     if config is None or workdir is None:
         cli.usage_error("--config and --workdir are required")
     cli.run_job(lambda: train_and_evaluate(config, workdir))
@@ -25,7 +34,18 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     logging.set_verbosity(logging.WARNING)
-    config_flags.DEFINE_config_file("config", None, "Config file (configs/*.py[:variant]).")
+    config_flags.DEFINE_config_file(
+        "config",
+        None,
+        "Config file (configs/*.py[:variant]); --config.KEY=VALUE overrides any key "
+        "(--config_help lists them).",
+    )
     flags.DEFINE_string("workdir", None, "Run directory: checkpoints, logs, assets.")
+    flags.DEFINE_bool(
+        "config_help",
+        False,
+        "Print every config key with its default and comment (and --config's value where "
+        "it differs), then exit without training.",
+    )
     mesh_lib.define_flags()
     app.run(main, flags_parser=cli.parse_flags)

@@ -7,7 +7,10 @@ pieces cut at pauses, and in overlapping windows where speech runs on
 command line's decoder and LM, and printed as its text followed by one line per word
 with its start and end in seconds; `--json` prints one JSON object per file instead. A
 file that cannot be read is reported, counted and skipped; the exit code is then 1.
-Runs in one process, on all of its devices.
+Silence is not transcribed: pieces quieter than `--silence_db` are not decoded, and words
+in silence or longer than `--max_word_s` are dropped (`longform.SpeechGate`), counted in
+the result (and noted on stderr). A file longer than a minute gets a progress line on
+stderr (`--noprogress`: none). Runs in one process, on all of its devices.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from jaxspeech.errors import UserError
 from jaxspeech.evaluation import run as eval_run
 from jaxspeech.parallel import rules
 from jaxspeech.runs import loading
+from jaxspeech.serving import longform
 from jaxspeech.serving import transcribe as transcribe_lib
 
 
@@ -37,6 +41,21 @@ def print_result(result: dict, as_json: bool) -> None:
         for w in result["words"]:
             print(f"  {w['start']:8.2f} {w['end']:8.2f}  {w['word']}")
         sys.stdout.flush()
+        note = gate_note(result)
+        if note:  # on stderr: the text on stdout stays one line per word for scripts
+            print(f"note: {result['path']}: {note}", file=sys.stderr, flush=True)
+
+
+def gate_note(result: dict) -> str:
+    """What the speech gate left out of `result`, in words ('' if nothing)."""
+    parts = []
+    if result["skipped_silence_s"]:
+        parts.append(f"{result['skipped_silence_s']:.1f} s of silence not decoded")
+    dropped = [d["reason"] for d in result["dropped_words"]]
+    if dropped:
+        why = ", ".join(f"{dropped.count(r)} {r}" for r in sorted(set(dropped)))
+        parts.append(f"{len(dropped)} word{'s' * (len(dropped) > 1)} dropped ({why})")
+    return "; ".join(parts)
 
 
 FLAGS = flags.FLAGS
@@ -48,6 +67,11 @@ def main(argv: list[str]) -> None:
         cli.usage_error("give one or more audio files to transcribe")
     if FLAGS.overlap_s >= FLAGS.window_s:
         cli.usage_error(f"--overlap_s ({FLAGS.overlap_s}) must be less than --window_s")
+    if not FLAGS.max_word_s > 0:  # NaN too
+        cli.usage_error(f"--max_word_s ({FLAGS.max_word_s}) must be more than 0")
+    if not FLAGS.silence_db <= 0:  # no audio is louder than 0 dBFS: it would all be silence
+        cli.usage_error(f"--silence_db ({FLAGS.silence_db}) must be at most 0 (-inf: off)")
+    gate = longform.SpeechGate(floor_db=FLAGS.silence_db, max_word_s=FLAGS.max_word_s)
 
     def job() -> None:
         if jax.process_count() > 1:
@@ -67,6 +91,8 @@ def main(argv: list[str]) -> None:
                     batch=FLAGS.batch,
                     emit=lambda r: print_result(r, FLAGS.json),
                     min_pause_s=FLAGS.min_pause_s,
+                    gate=gate,
+                    progress=sys.stderr if FLAGS.progress else None,
                 )
         except (FileNotFoundError, ValueError) as e:
             raise UserError(str(e)) from e
@@ -93,5 +119,22 @@ if __name__ == "__main__":
     )
     flags.DEFINE_integer("batch", 8, "Pieces decoded at once.", lower_bound=1)
     flags.DEFINE_bool("json", False, "One JSON object per file instead of text.")
+    flags.DEFINE_bool(
+        "progress",
+        True,
+        "A progress line on stderr for files over a minute: audio seconds done of the "
+        "total, percent, speed (redrawn on a terminal; plain lines every 10% or 10 s "
+        "otherwise).",
+    )
+    flags.DEFINE_float(
+        "silence_db",
+        -50.0,
+        "Speech gate: 10 ms frames quieter than this (RMS, dBFS) are silence; pieces with "
+        "under 0.1 s louder are not decoded, words mostly in silence are dropped (-inf: off; "
+        "--max_word_s still applies).",
+    )
+    flags.DEFINE_float(
+        "max_word_s", 3.0, "Words longer than this are dropped (counted in the result)."
+    )
     logging.set_verbosity(logging.WARNING)
     app.run(main, flags_parser=cli.parse_flags)

@@ -26,6 +26,7 @@ from ml_collections import ConfigDict, config_flags
 from jaxspeech import models
 from jaxspeech.audio import augment
 from jaxspeech.audio.features import LogMelConfig
+from jaxspeech.audio.mfcc import FEATURE_KINDS
 from jaxspeech.config import build
 from jaxspeech.data import tokenizer
 from jaxspeech.decoding.search import DECODERS
@@ -64,6 +65,7 @@ def get(config: ConfigDict, key: str):
 
 # Allowed values of the string-valued keys, from the code that reads them.
 STR_CHOICES = {
+    "features.kind": FEATURE_KINDS,
     "model.dtype": tuple(models.DTYPES),
     "model.encoder": tuple(models.ENCODERS),
     "model.head": asr.HEADS,
@@ -168,21 +170,25 @@ def readme_refs() -> dict[str, list]:
 
 
 def test_readme_walk_finds_every_reference():
-    """Counted by hand in README.md: 16 settings with a value (10 as `--config.` flags: num_steps,
-    num_layers, fsdp, run_steps, init_from, log_batch_ids, and the student's train_split,
-    distill.other_split, distill.targets, distill.schedule; 6 in prose: loader_shards,
-    dtype, grad_accum, remat, eval_split, distill.other_dir), 32 without one
+    """Counted by hand in README.md: 19 settings with a value (12 as `--config.` flags: num_steps,
+    num_layers, fsdp, run_steps, init_from, log_batch_ids, features.kind, model.head=ctc+aed,
+    and the student's train_split, distill.other_split, distill.targets, distill.schedule; 7 in
+    prose:
+    loader_shards, dtype, grad_accum, remat, eval_split, distill.other_dir,
+    features.deltas), 43 without one
     (batch_seconds, waveform_aug, specaug, seed, mesh.{...}, mesh.rules, mesh.rules.embed
     (set empty), count_flops, peak_tflops, encoder, conformer.*, lstm.*, head, ctc_weight,
     rnnt, method, the five scoring keys, lm_path, lm_weight, word_bonus, streaming,
-    sync.strategy, distill, distill.other_split, distill.schedule), the syntax
+    sync.strategy, distill, distill.other_split, distill.schedule, features twice,
+    features.{kind, num_mel_bins, num_ceps, lifter, deltas}, model.decoder.* and
+    model.decoder.{...}, label_smoothing, ctc_weight again), the syntax
     `--config.KEY=VALUE`
     and RUN/config.json twice. Pinned, so a regex that stops matching cannot leave the
     tests below with nothing to check; after editing the README's options, recount and
     update."""
     refs = readme_refs()
     counts = {kind: len(found) for kind, found in refs.items()}
-    assert counts == {"override": 16, "reference": 32, "syntax": 1, "file": 2}, refs
+    assert counts == {"override": 19, "reference": 43, "syntax": 1, "file": 2}, refs
     assert "model.conformer.remat" in dict(refs["override"])  # the issue's example
 
 

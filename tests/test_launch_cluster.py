@@ -77,7 +77,7 @@ def test_slurm_requeues_an_unfinished_run_but_not_a_finished_or_failed_one(tmp_p
     command = ["--workdir", str(run), "--scenario", "maintenance"]
     proc, _ = _sbatch(tmp_path, *command, **fake)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "state=running" in proc.stdout and "requeueing job" in proc.stdout
+    assert "state=dead" in proc.stdout and "requeueing job" in proc.stdout
     job_id = (tmp_path / "requeued").read_text().split()
     assert len(job_id) == 1
     # The requeued job (SLURM counts the restart) resumes and finishes: no more requeues.
@@ -110,11 +110,11 @@ def _write_events(run, *events):
     "events,state,step",
     [
         ([], "none", None),
-        ([("started", 0), ("checkpoint_saved", 4)], "running", 0),
+        ([("started", 0), ("checkpoint_saved", 4)], "dead", 0),  # no live lease holder
         ([("started", 0), ("preempted", 4), ("evaluated", 4)], "preempted", 4),
         ([("started", 0), ("stopped", 4)], "stopped", 4),
         ([("started", 0), ("preempted", 4), ("resumed", 4), ("finished", 8)], "finished", 8),
-        ([("started", 0), ("finished", 8), ("resumed", 8)], "running", 8),
+        ([("started", 0), ("finished", 8), ("resumed", 8)], "dead", 8),
     ],
 )
 def test_run_status_is_the_last_lifecycle_event(tmp_path, events, state, step):

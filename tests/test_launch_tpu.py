@@ -112,7 +112,7 @@ def test_after_a_maintenance_event_the_command_restarts_on_the_same_slice(tmp_pa
     verbs = _verbs(_calls(tmp_path))
     assert verbs.count(("tpu-vm", "create")) == 1 and ("tpu-vm", "delete") not in verbs
     assert verbs.count(("tpu-vm", "ssh", "all")) == 4  # unpack, install, 2 runs
-    assert "exit_code=137 state=running" in first.stderr
+    assert "exit_code=137 state=dead" in first.stderr
     assert _events(run) == ["started", "resumed", "finished"]
     # Run again on the existing slice: no create, no copy, no install; it is finished.
     os.remove(tmp_path / "calls.jsonl")

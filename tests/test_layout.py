@@ -45,6 +45,7 @@ LAYERS: list[tuple[str, ...]] = [
         "jaxspeech.metrics",
         "jaxspeech.parallel",
         "jaxspeech.errors",
+        "jaxspeech.files",
     ),
 ]
 ENTRY_POINTS = set(LAYERS[0]) - {"jaxspeech.cli"}

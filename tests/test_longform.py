@@ -1,6 +1,7 @@
 """Long-form decoding: windows over a stream of blocks, words with times, and the merge of
 overlapping windows, against an oracle "model" that reads its labels off the audio."""
 
+import io
 import itertools
 
 import numpy as np
@@ -11,6 +12,7 @@ import soxr
 from jaxspeech.decoding.ctc import collapse_with_frames
 from jaxspeech.decoding.lm import TokenWords
 from jaxspeech.serving import longform
+from jaxspeech.serving.progress import FileProgress
 
 PIECES = ["<blank>", "<unk>", "a", "b", "c", "d", " "]
 WORDS = TokenWords.from_pieces(PIECES, sentencepiece=False)
@@ -145,7 +147,7 @@ def test_overlapping_windows_merge_into_the_whole_transcript(window_s, overlap_s
         got = longform.transcribe(
             _blocks(audio, rng), oracle, WORDS, rate=RATE, frame_samples=F,
             window_s=window_s, overlap_s=overlap_s, min_pause_s=0, batch=batch,
-        )  # fmt: skip
+        ).words  # fmt: skip
         assert [w.text for w in got] == [w for w, _, _ in want]
         np.testing.assert_allclose([(w.start, w.end) for w in got], [w[1:] for w in want],
                                    atol=1e-9)  # fmt: skip
@@ -158,7 +160,7 @@ def test_pieces_cut_at_pauses_merge_into_the_whole_transcript(min_pause_s):
     got = longform.transcribe(
         _blocks(audio, rng), oracle, WORDS, rate=RATE, frame_samples=F,
         window_s=4.0, overlap_s=1.0, min_pause_s=min_pause_s, batch=3,
-    )  # fmt: skip
+    ).words  # fmt: skip
     assert [w.text for w in got] == [w for w, _, _ in want]
     # Pieces start mid-pause, off the oracle's frame grid: times move by less than a frame.
     np.testing.assert_allclose([(w.start, w.end) for w in got], [w[1:] for w in want],
@@ -171,6 +173,7 @@ def test_windows_off_the_frame_grid_keep_every_word():
     audio, want = _speech(rng, 40.0)
     got = longform.transcribe([audio], oracle, WORDS, rate=RATE, frame_samples=F,
                               window_s=4.02, overlap_s=1.0, min_pause_s=0, batch=2)  # fmt: skip
+    got = got.words
     assert [w.text for w in got] == [w for w, _, _ in want]
     np.testing.assert_allclose([w.start for w in got], [w[1] for w in want], atol=F / RATE)
 
@@ -179,3 +182,172 @@ def test_bad_overlap():
     with pytest.raises(ValueError, match="overlap_s"):
         longform.transcribe([np.zeros(10)], oracle, WORDS, rate=RATE, frame_samples=F,
                             window_s=2.0, overlap_s=2.0)  # fmt: skip
+
+
+# The speech gate: silence and faint noise are not decoded, words in silence are dropped.
+
+SR = 16_000  # the model's rate: 160-sample energy frames
+
+
+def _tone(seconds: float, dbfs: float, rate: int = SR) -> np.ndarray:
+    """A 440 Hz sine whose RMS is `dbfs` (a sine's RMS is its peak over sqrt 2)."""
+    t = np.arange(int(seconds * rate)) / rate
+    return (np.sqrt(2) * 10 ** (dbfs / 20) * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
+
+
+def _noise(seconds: float, dbfs: float, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal(int(seconds * SR)) * 10 ** (dbfs / 20)).astype(np.float32)
+
+
+def test_frame_levels_are_the_rms_of_10ms_frames_in_dbfs():
+    audio = np.concatenate([np.zeros(1000), _noise(1.0, -60), _tone(0.5, -20), _noise(0.3, -40)])
+    audio = np.concatenate([audio, np.full(77, 0.5)]).astype(np.float32)  # a partial frame
+    frames = audio[: len(audio) // 160 * 160].astype(np.float64).reshape(-1, 160)
+    rms = np.sqrt(np.mean(frames**2, axis=1))
+    loud = rms > 0  # digital silence: -120 dBFS instead of -inf
+    want = 20 * np.log10(np.where(loud, rms, 1.0))
+    got = longform.frame_db(audio, SR)
+    assert got.shape == want.shape == (len(audio) // 160,)
+    np.testing.assert_allclose(got[loud], want[loud], atol=1e-3)
+    assert np.all(got[:6] == -120.0)
+    assert np.median(got[7:100]) == pytest.approx(-60, abs=0.5)  # white noise at -60 dBFS
+    gate = longform.SpeechGate()  # -50 dBFS
+    speech = gate.speech(audio, SR)  # with the last partial frame, zero-padded
+    assert len(speech) == len(got) + 1 and speech[-1]
+    np.testing.assert_array_equal(speech[:-1], got >= -50.0)
+    assert longform.SpeechGate(floor_db=-np.inf).speech(np.zeros(480, np.float32), SR).all()
+
+
+@pytest.mark.parametrize(
+    "audio,silent",
+    [
+        (np.zeros(30 * SR, np.float32), True),
+        (_noise(30.0, -60), True),  # the demo corpus's loudest noise floor
+        (_noise(30.0, -40), False),  # noise over the gate: decoded
+        (np.concatenate([np.zeros(SR), _tone(0.05, -20), np.zeros(SR)]), True),  # a click
+        (np.concatenate([np.zeros(10 * SR), _tone(0.15, -30), np.zeros(10 * SR)]), False),
+    ],
+)
+def test_the_gate_finds_pieces_without_speech(audio, silent):
+    assert longform.SpeechGate().is_silent(audio, SR) == silent
+
+
+def test_words_in_silence_are_dropped_and_the_others_end_at_their_speech():
+    # 1 s silence, 1 s speech (1.0-2.0 s), 2 s silence, 5 s speech (4.0-9.0 s).
+    audio = np.concatenate([np.zeros(SR), _tone(1.0, -25), np.zeros(2 * SR), _tone(5.0, -25)])
+    W = longform.Word
+    found = [
+        W("lead", 0.2, 0.6),  # silence only
+        W("early", 0.7, 1.5),  # starts in silence: moved in to 0.9 (the gate's 0.1 s pad)
+        W("late", 1.5, 2.4),  # runs into silence: ends at 2.1; 0.6 of its 0.9 s are speech
+        W("tail", 1.6, 3.2),  # mostly silence: 0.5 of its 1.6 s
+        W("long", 4.1, 8.5),  # 4.4 s: longer than max_word_s
+        W("ok", 5.0, 5.3),
+    ]
+    gate = longform.SpeechGate(max_word_s=3.0)
+    kept, dropped = gate.check_words(found, audio, SR, offset_s=100.0)  # times in the file
+    assert kept == [] and [d.reason for d in dropped] == ["silence"] * 6  # not in `audio`
+    shifted = [W(w.text, w.start + 100.0, w.end + 100.0) for w in found]
+    kept, dropped = gate.check_words(shifted, audio, SR, offset_s=100.0)
+    assert [(w.text, round(w.start - 100, 3), round(w.end - 100, 3)) for w in kept] == [
+        ("early", 0.9, 1.5),
+        ("late", 1.5, 2.1),
+        ("ok", 5.0, 5.3),
+    ]
+    assert [(d.word.text, d.reason) for d in dropped] == [
+        ("lead", "silence"),
+        ("tail", "silence"),
+        ("long", "too long"),
+    ]
+    assert dropped[0].word == shifted[0]  # reported with the decoder's times
+
+
+def test_silent_pieces_are_not_decoded_and_are_counted():
+    # Speech, 30 s of digital silence, 20 s of noise under the gate, speech: the oracle's
+    # labels are its audio, scaled up 10x so the faint noise rounds to blank.
+    rng = np.random.default_rng(5)
+    first, want1 = _speech(rng, 6.0)
+    second, want2 = _speech(rng, 5.0)
+    quiet = np.concatenate([np.zeros(30 * RATE), 1e-3 * rng.standard_normal(20 * RATE)])
+    audio = np.concatenate([first, quiet, second]).astype(np.float32)
+    decoded_rows, seen = [], []
+
+    def decode(batch, lens):
+        decoded_rows.extend(batch[i, : lens[i]] for i in range(len(lens)))
+        return oracle(batch, lens)
+
+    got = longform.transcribe(
+        _blocks(audio, rng), decode, WORDS, rate=RATE, frame_samples=F,
+        window_s=4.0, overlap_s=1.0, min_pause_s=0, batch=2, progress=seen.append,
+    )  # fmt: skip
+    shift = len(first) / RATE + 50.0
+    want = want1 + [(w, s + shift, e + shift) for w, s, e in want2]
+    assert [w.text for w in got.words] == [w for w, _, _ in want] and got.dropped == []
+    # The windows wholly in the quiet 50 s are skipped: those start every 3 s, share 3 s.
+    assert 40.0 <= got.skipped_s <= 50.0 and got.skipped_s % 3.0 == pytest.approx(0, abs=1e-9)
+    assert len(decoded_rows) < len(audio) / RATE / 3 - 10
+    # Progress: seconds done grow to the whole audio, skipped pieces included.
+    assert seen == sorted(seen) and seen[-1] == pytest.approx(len(audio) / RATE)
+    ungated = longform.transcribe([audio], decode, WORDS, rate=RATE, frame_samples=F,
+                                  window_s=4.0, overlap_s=1.0, min_pause_s=0,
+                                  gate=None)  # fmt: skip
+    assert ungated.words == got.words and ungated.skipped_s == 0.0
+
+
+class _Clock:
+    """A clock the test moves."""
+
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _Stream(io.StringIO):
+    def __init__(self, tty: bool):
+        super().__init__()
+        self.tty = tty
+
+    def isatty(self) -> bool:
+        return self.tty
+
+
+def test_progress_in_a_log_is_a_line_per_tenth_or_every_10s():
+    clock, out = _Clock(), _Stream(tty=False)
+    bar = FileProgress("a.wav", 7200.0, out, tty=False, clock=clock)
+    assert out.getvalue() == "a.wav [....................] 0.0/7200.0 s   0% -\n"  # at once
+    for done in range(60, 7201, 60):  # a minute of audio every 2 s: 30x real time
+        clock.now += 2.0
+        bar.update(float(done))
+    bar.close()
+    lines = out.getvalue().splitlines()
+    # 240 s of wall time: a line at least every 10 s, and at each of the 10 tenths.
+    assert 24 <= len(lines) <= 24 + 10 + 1 and "\r" not in out.getvalue()
+    assert lines[-1] == "a.wav [####################] 7200.0/7200.0 s 100% 30.0x real time"
+    assert "a.wav [##########..........] 3600.0/7200.0 s  50% 30.0x real time" in lines
+
+
+def test_progress_on_a_terminal_is_redrawn_in_place():
+    clock, out = _Clock(), _Stream(tty=True)
+    bar = FileProgress("b.flac", 90.0, out, tty=True, clock=clock)
+    for done in (1.0, 2.0, 45.0):
+        clock.now += 1.0
+        bar.update(done)
+    bar.update(46.0)  # at once after the last: not drawn (at most 5 times a second)
+    bar.close()
+    text = out.getvalue()
+    assert text.count("\r") == 5 and text.endswith("\n") and text.count("\n") == 1
+    assert (
+        text.split("\r")[-1] == "b.flac [##########..........] 46.0/90.0 s  51% 15.3x real time\n"
+    )
+
+
+def test_a_gate_at_minus_inf_lets_everything_through():
+    off = longform.SpeechGate(floor_db=-np.inf)
+    assert not off.is_silent(np.zeros(SR // 20, np.float32), SR)  # shorter than 0.1 s
+    assert longform.SpeechGate().is_silent(np.zeros(SR // 20, np.float32), SR)
+    assert not longform.SpeechGate().is_silent(_tone(0.05, -20), SR)  # all of it speech
+    word = longform.Word("x", 0.5, 2.0)
+    assert off.check_words([word], np.zeros(3 * SR, np.float32), SR, 0.0) == ([word], [])

@@ -37,6 +37,7 @@ import soxr
 
 from data_prep.demo import espeak
 from data_prep.demo import sentences as sentences_lib
+from jaxspeech import files
 
 # Bump when anything that changes the output (speakers, planning, rendering) changes.
 GENERATOR_VERSION = 2  # 2: 48 train speakers (was 24)
@@ -433,7 +434,7 @@ def _speaker_info() -> dict:
 def _write_manifest(output: str, split: str, utts: list[Utterance], num_samples: dict) -> dict:
     """Writes DIR/<split>/manifest.jsonl; returns the split's corpus_info.json entry."""
     seconds = 0.0
-    with open(os.path.join(output, split, "manifest.jsonl"), "w") as f:
+    with files.atomic_open(os.path.join(output, split, "manifest.jsonl")) as f:
         for u in utts:
             duration = num_samples[u.utt_id] / SAMPLE_RATE
             seconds += duration
@@ -476,8 +477,7 @@ def build_corpus(
     t0 = time.monotonic()
     identity = _identity(hours, seed)
     _prepare_output(output, identity)
-    with open(os.path.join(output, PARTIAL_FILE), "w") as f:
-        json.dump(identity, f)
+    files.atomic_json(os.path.join(output, PARTIAL_FILE), identity)
 
     plan = plan_corpus(hours, seed)
     for split in SPLITS:
@@ -502,9 +502,7 @@ def build_corpus(
         info["splits"][split] = _write_manifest(output, split, utts, num_samples)
     info["distinct_words"] = len(_words(u.text for u in plan))
     info["espeak_ng_version"] = espeak.library_version()
-    with open(os.path.join(output, INFO_FILE), "w") as f:
-        json.dump(info, f, indent=2)
-        f.write("\n")
+    files.atomic_write(os.path.join(output, INFO_FILE), json.dumps(info, indent=2) + "\n")
     os.remove(os.path.join(output, PARTIAL_FILE))
 
     _print_summary(info, time.monotonic() - t0)

@@ -21,10 +21,14 @@ import jax.numpy as jnp
 import librosa
 import numpy as np
 
+from jaxspeech.audio import mfcc
+
 
 @dataclasses.dataclass(frozen=True)
 class LogMelConfig:
-    """Feature parameters. Also recorded in each split's `stats.json` by data_prep."""
+    """Front-end parameters (`config.features`): the log-mel's, and with kind "mfcc" the
+    cepstra computed from it (`jaxspeech.audio.mfcc`). Also recorded in each split's
+    `stats.json` by data_prep."""
 
     sample_rate: int = 16000
     n_fft: int = 512
@@ -34,9 +38,38 @@ class LogMelConfig:
     fmin: float = 0.0
     fmax: float = 8000.0
     log_floor: float = 1e-6  # added before the log so silence is finite
+    kind: str = "log_mel"  # or "mfcc": the log-mel's DCT (the fields below)
+    num_ceps: int = 40  # MFCCs kept (mfcc only)
+    lifter: float = 22.0  # cepstral lifter L, 0 = off (mfcc only)
+    deltas: int = 0  # orders of deltas appended, 0-2 (mfcc only)
+
+    def __post_init__(self):
+        if self.kind not in mfcc.FEATURE_KINDS:
+            raise ValueError(
+                f"unknown feature kind {self.kind!r}; choose one of {mfcc.FEATURE_KINDS}"
+            )
+        if self.kind == "mfcc" and not 0 <= self.deltas <= mfcc.MAX_DELTAS:
+            raise ValueError(f"deltas must be in [0, {mfcc.MAX_DELTAS}], got {self.deltas}")
+
+    @property
+    def num_features(self) -> int:
+        """Features per frame, the encoder's input width: num_mel_bins, or for MFCC
+        num_ceps * (1 + deltas)."""
+        if self.kind == "mfcc":
+            return mfcc.feature_width(self.num_ceps, self.deltas)
+        return self.num_mel_bins
 
     def as_dict(self) -> dict:
-        return dataclasses.asdict(self) | {"window": "hann", "center": True}
+        """The settings stats.json records. The MFCC fields only for kind "mfcc": a log-mel
+        front end's record is the one it had before they existed (prepared data stays
+        valid)."""
+        d = dataclasses.asdict(self)
+        if self.kind != "mfcc":
+            d = {k: v for k, v in d.items() if k not in _MFCC_FIELDS}
+        return d | {"window": "hann", "center": True}
+
+
+_MFCC_FIELDS = ("kind", "num_ceps", "lifter", "deltas")
 
 
 def floor_div(n, d):

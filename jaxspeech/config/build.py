@@ -65,6 +65,7 @@ def model_arguments(config: ConfigDict, vocab_size: int) -> dict:
         "encoder_kwargs": m[m.encoder].to_dict(),
         "head": m.head,
         "transducer_kwargs": m.transducer.to_dict() if "rnnt" in m.head else None,
+        "decoder_kwargs": m.decoder.to_dict() if "aed" in m.head.split("+") else None,
         "vocab_size": vocab_size,
         "feature_config": config.features.to_dict(),
         "specaug": specaug,

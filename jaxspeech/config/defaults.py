@@ -87,7 +87,7 @@ def _data(c: ConfigDict) -> None:
 
 
 def _features(c: ConfigDict) -> None:
-    c.features = ConfigDict()  # log-mel features, computed on device (LogMelConfig)
+    c.features = ConfigDict()  # the front end, computed on device (LogMelConfig)
     c.features.sample_rate = 16000  # Hz of the prepared audio
     c.features.n_fft = 512  # FFT size: the next power of two above the window
     c.features.win_length = 400  # 25 ms analysis window
@@ -96,6 +96,16 @@ def _features(c: ConfigDict) -> None:
     c.features.fmin = 0.0  # lowest mel filter edge (Hz)
     c.features.fmax = 8000.0  # highest mel filter edge (Hz): Nyquist at 16 kHz
     c.features.log_floor = 1e-6  # added before the log so silence is finite
+    # "log_mel" (the encoder sees num_mel_bins log-mel bins) or "mfcc": the log-mel's
+    # orthonormal DCT-II, liftered, with optional deltas (jaxspeech/audio/mfcc.py). The
+    # prepared split's stats.json must be of the same features (data_prep --features).
+    c.features.kind = "log_mel"
+    # mfcc: cepstra kept (<= num_mel_bins); 40 of 40 bins is Kaldi's hires, 13 the classic.
+    c.features.num_ceps = 40
+    c.features.lifter = 22.0  # mfcc: cepstral lifter L (Kaldi's and HTK's 22); 0 = off
+    # mfcc: orders of deltas appended (0, 1, 2; librosa delta(width=5)): the encoder's input
+    # is num_ceps * (1 + deltas). Not with a streaming encoder (2 frames of look-ahead).
+    c.features.deltas = 0
 
 
 def _augmentation(c: ConfigDict) -> None:
@@ -127,7 +137,8 @@ def _augmentation(c: ConfigDict) -> None:
 def _model(c: ConfigDict) -> None:
     c.model = ConfigDict()  # built by jaxspeech.config.build (models never see the config)
     c.model.encoder = "conformer"  # conformer | lstm (jaxspeech.models.ENCODERS)
-    # ctc | rnnt | ctc+rnnt (transducer with a CTC auxiliary loss on the encoder)
+    # ctc | rnnt | ctc+rnnt (transducer with a CTC auxiliary loss on the encoder) |
+    # ctc+aed (CTC and an attention decoder trained jointly; decoded through CTC)
     c.model.head = "ctc"
     # Compute dtype: float32 | bfloat16 (parameters and losses stay float32). bf16 is
     # faster on accelerators and slower than f32 on CPU.
@@ -151,6 +162,16 @@ def _model(c: ConfigDict) -> None:
     c.model.transducer.lstm_layers = 1  # lstm predictor: layers
     c.model.transducer.lstm_hidden = 0  # lstm predictor: cells; 0 = predictor_dim
     c.model.transducer.joiner_dim = 256  # the joiner's hidden width
+    # Attention decoder (model.head = "ctc+aed"): a Transformer decoder over the encodings
+    # (jaxspeech/models/decoder.py). ESPnet's LibriSpeech recipes use 6 blocks; the width
+    # is a small model's (ESPnet's: 512 wide, 2048 units).
+    c.model.decoder = ConfigDict()
+    c.model.decoder.dim = 256  # decoder width (its own; cross-attention reads the encoder's)
+    c.model.decoder.num_layers = 6  # decoder blocks (ESPnet's LibriSpeech recipes)
+    c.model.decoder.num_heads = 4  # attention heads; dim must be a multiple
+    c.model.decoder.ff_mult = 4  # feed-forward hidden units = ff_mult * dim
+    c.model.decoder.dropout = 0.1  # as the encoder's
+    c.model.decoder.scan_layers = True  # compile one block, not num_layers (as the Conformer)
 
 
 def _conformer(c: ConfigDict) -> None:
@@ -194,7 +215,13 @@ def _loss(c: ConfigDict) -> None:
     # Over the first steps the simple loss weighs 1 -> simple_scale and the pruned one
     # 0.1 -> 1: the pruning bounds are meaningless until the simple joiner has learned.
     c.loss.rnnt_warmup_steps = 300
-    c.loss.ctc_weight = 0.3  # CTC auxiliary weight when model.head = "ctc+rnnt"
+    # ctc+rnnt: the CTC auxiliary loss's weight beside the transducer's; ctc+aed: ESPnet's
+    # joint ctc_weight * CTC + (1 - ctc_weight) * attention, so in [0, 1] (0.3: ESPnet's
+    # LibriSpeech value).
+    c.loss.ctc_weight = 0.3
+    # ctc+aed: label smoothing of the attention decoder's targets (ESPnet's 0.1): 1 - s on
+    # the reference token, s spread over the others.
+    c.loss.label_smoothing = 0.1
     # The transducer's gradient reaches the encoder 0 -> 1 over rnnt_warmup_steps, and an
     # acoustic-only loss teaches the encoder its first alignments: CTC (ctc+rnnt), else the
     # simple joiner's acoustic half alone (rnnt). Without it the transducer flattened the
@@ -286,6 +313,9 @@ def _train(c: ConfigDict) -> None:
     # run loads its step instead of recompiling it (seconds to minutes per batch shape).
     # Point several runs at one shared directory (gs:// on TPU) to share compilations.
     c.train.compile_cache_dir = "{workdir}/compile_cache"
+    # One job per run directory: the trainer holds RUN/lease.json and renews it every tenth
+    # of this; a lease not renewed for this long (its host died) may be taken over.
+    c.train.lease_timeout_s = 300.0
     c.train.eval_every = 0  # steps; 0 = only at the end (eval costs CPU time in the demo)
     c.train.eval_at_end = True  # score data.eval_split when training ends
     # Micro-batches per step (gradient accumulation): the batch of data.batch_seconds is

@@ -1,27 +1,32 @@
 """A whole config checked before any work: every mistake at once, one line each.
 
 `validate(config)` raises one `UserError` listing each mistake with its key, the bad
-value and what is allowed, e.g. `data.batch_seconds must be > 0, got -5`. It reads the
-config only (and whether the files it names exist); the objects built later (mesh, model,
-loader, checkpoints) keep their own checks. Settings a config does not use (the other
-encoder's, the transducer's with a CTC head, distillation's when it is off) are not
-checked. The allowed values come from the code that reads them wherever it sits at or
-below this layer (`jaxspeech.models`, `jaxspeech.decoding.search`, `jaxspeech.parallel`,
+value and what is allowed, e.g. `data.batch_seconds must be > 0, got -5`. Each key that
+can be wrong is checked in one of four ways: a numeric range (`ranges.RANGES`), a fixed
+set of values (`CHOICES`), a file that must exist (`FILES`), or a check of its own here
+(tests/config/test_validate_keys.py walks them all, and names the keys that need none);
+`jaxspeech.config.relations` checks values that do not fit together (buckets longer than
+a batch, a mesh the devices do not fill). It reads the config only (and whether the files
+it names exist); the objects built later (mesh, model, loader, checkpoints) keep their own
+checks. Settings a config does not use (the other encoder's, the transducer's with a CTC
+head, the attention decoder's without one, distillation's when it is off, the other sync
+strategies') are not checked. The allowed values come from the code that reads them
+wherever it sits at or below this layer
+(`jaxspeech.models`, `jaxspeech.decoding.search`, `jaxspeech.parallel`,
 `jaxspeech.data.mixing`, `jaxspeech.losses.distill`).
 """
 
 from __future__ import annotations
 
-import math
+import functools
 import os
-from collections.abc import Callable
 
 from ml_collections import ConfigDict
 
-from jaxspeech.audio import augment
-from jaxspeech.config import defaults
+from jaxspeech.audio import augment, mfcc
+from jaxspeech.config import defaults, ranges, relations
+from jaxspeech.config.ranges import RANGES, Report, get, show, under
 from jaxspeech.data import mixing
-from jaxspeech.data import pipeline as pipeline_lib
 from jaxspeech.decoding import search
 from jaxspeech.errors import UserError
 from jaxspeech.losses import distill as distill_losses
@@ -29,100 +34,41 @@ from jaxspeech.models import DTYPES, ENCODERS, asr
 from jaxspeech.models.conformer import REMAT_POLICIES
 from jaxspeech.models.subsampling import SUBSAMPLING_FACTORS
 from jaxspeech.models.transducer import PREDICTORS
-from jaxspeech.parallel import mesh as mesh_lib
-from jaxspeech.parallel import rules, sync
+from jaxspeech.parallel import sync
+
+__all__ = ["CHOICES", "FILES", "RANGES", "mistakes", "split_names", "validate"]
 
 # What jaxspeech.training.optim builds (it sits above this layer).
 OPTIMIZERS = ("adamw",)
 DECAYS = ("cosine", "noam", "constant")
 
-# key -> the allowed range: "> 0", ">= N" or an interval "in [0, 1)".
-RANGES = {
-    "data.batch_seconds": "> 0",
-    "data.max_tokens_per_second": "> 0",
-    "data.num_workers": ">= 0",
-    "data.prefetch": ">= 0",
-    "data.max_corrupt_fraction": "in [0, 1]",
-    "data.read_retries": ">= 0",
-    "data.read_backoff_s": ">= 0",
-    "features.sample_rate": ">= 1",
-    "features.n_fft": ">= 1",
-    "features.win_length": ">= 1",
-    "features.hop_length": ">= 1",
-    "features.num_mel_bins": ">= 1",
-    "features.fmin": ">= 0",
-    "features.log_floor": "> 0",
-    "waveform_aug.num_rirs": ">= 0",
-    "decoding.beam": ">= 1",
-    "decoding.max_symbols_per_frame": ">= 1",
-    "scoring.worst": ">= 0",
-    "scoring.bootstrap_samples": ">= 0",
-    "optim.peak_lr": "> 0",
-    "optim.warmup_steps": ">= 0",
-    "optim.end_lr_ratio": "in [0, 1]",
-    "optim.b1": "in [0, 1)",
-    "optim.b2": "in [0, 1)",
-    "optim.eps": "> 0",
-    "optim.weight_decay": ">= 0",
-    "optim.clip_norm": "> 0",
-    "train.num_steps": ">= 1",
-    "train.run_steps": ">= 0",
-    "train.log_every": ">= 1",
-    "train.checkpoint_every": ">= 0",
-    "train.checkpoint_minutes": ">= 0",
-    "train.keep_checkpoints": ">= 1",
-    "train.keep_best": ">= 0",
-    "train.max_nonfinite_steps": ">= 1",
-    "train.eval_every": ">= 0",
-    "train.grad_accum": ">= 1",
-    "monitor.peak_tflops": ">= 0",
-    "monitor.samples_every": ">= 0",
-    "monitor.num_samples": ">= 1",
+# key -> its allowed values, from the code that reads the key. decoding.method is checked
+# by jaxspeech.decoding.search and the sync keys by jaxspeech.parallel.sync (their own
+# lines); the others here.
+CHOICES: dict[str, tuple] = {
+    "features.kind": mfcc.FEATURE_KINDS,
+    "model.encoder": tuple(ENCODERS),
+    "model.head": asr.HEADS,
+    "model.dtype": tuple(DTYPES),
+    "model.conformer.remat": tuple(REMAT_POLICIES),
+    "model.conformer.subsampling_factor": SUBSAMPLING_FACTORS,
+    "model.transducer.predictor": PREDICTORS,
+    "loss.rnnt": asr.RNNT_LOSSES,
+    "decoding.method": ("auto", *search.DECODERS),
+    "distill.loss": distill_losses.LOSS_KINDS,
+    "distill.rest": distill_losses.REST_MODES,
+    "optim.name": OPTIMIZERS,
+    "optim.decay": DECAYS,
+    "sync.strategy": sync.STRATEGIES,
+    "sync.outer": sync.OUTER_METHODS,
+    "sync.gtc_values": sync.GTC_VALUES,
 }
-# Checked only when used: SpecAugment when enabled, the selected encoder's settings, the
-# transducer's with an RNN-T head, soft targets' when distill.targets is set.
-SPECAUG_RANGES = {
-    "specaug.num_freq_masks": ">= 0",
-    "specaug.freq_mask_width": ">= 0",
-    "specaug.num_time_masks": ">= 0",
-    "specaug.time_mask_max_ratio": "in [0, 1]",
-    "specaug.freq_warp": "in [0, 1)",
-}
-ENCODER_RANGES = {
-    "conformer": {
-        "dim": ">= 1",
-        "num_layers": ">= 1",
-        "num_heads": ">= 1",
-        "ff_mult": ">= 1",
-        "conv_kernel": ">= 1",
-        "subsampling_channels": ">= 1",
-        "dropout": "in [0, 1)",
-        "chunk_size": ">= 0",
-        "left_chunks": ">= -1",
-        "max_dynamic_chunk": ">= 1",
-    },
-    "lstm": {
-        "hidden": ">= 1",
-        "num_layers": ">= 1",
-        "proj_dim": ">= 0",
-        "stack_frames": ">= 1",
-        "lookahead": ">= 0",
-        "dropout": "in [0, 1)",
-        "output_dim": ">= 0",
-    },
-}
-TRANSDUCER_RANGES = {
-    "model.transducer.predictor_dim": ">= 1",
-    "model.transducer.context_size": ">= 1",
-    "model.transducer.lstm_layers": ">= 1",
-    "model.transducer.lstm_hidden": ">= 0",
-    "model.transducer.joiner_dim": ">= 1",
-    "loss.prune_range": ">= 1",
-    "loss.simple_scale": ">= 0",
-    "loss.rnnt_warmup_steps": ">= 0",
-    "loss.frames_per_chunk": ">= 1",
-}
-SOFT_TARGET_RANGES = {"distill.temperature": "> 0", "distill.weight": ">= 0"}
+# The front end's keys that only features.kind = "mfcc" reads.
+MFCC_KEYS = ("features.num_ceps", "features.lifter", "features.deltas")
+# Keys naming a file that must exist when set ("" = none).
+FILES = ("waveform_aug.noise_manifest", "decoding.lm_path", "scoring.mapping_file")
+# waveform_aug's tuples of numbers (what each must be: WaveformAugmentConfig's check).
+_WAVEFORM_TUPLES = ("speeds", "snr_db", "noise_exponents", "rt60")
 
 
 def validate(config: ConfigDict, *, devices: int | None = None) -> None:
@@ -140,12 +86,12 @@ def validate(config: ConfigDict, *, devices: int | None = None) -> None:
 
 def mistakes(config: ConfigDict, *, devices: int | None = None) -> list[str]:
     """Every mistake of `config`, one line each, section by section (empty: none)."""
-    out = _key_mistakes(config)
-    # A copy with the keys it lacks at their defaults: each lack is reported once above,
-    # and every check below can read every key. The rules table stays as given (its
-    # entries are checked whole by `rules.rules_from_config`).
+    out, missing = _key_mistakes(config)
+    # Keys the config lacks are read at their defaults (from a copy): each lack is
+    # reported once above, and every check below can read every key. The rules table
+    # stays as given (its entries are checked whole by `rules.rules_from_config`).
     table = defaults.lookup(config, "mesh.rules")
-    view = defaults.fill_missing(ConfigDict(config.to_dict()))
+    view = defaults.fill_missing(ConfigDict(config.to_dict())) if missing else config
     for check in (_data, _features, _augmentation, _model, _decoding, _distill, _train):
         check(view, out.append)
     _mesh_and_sync(view, table, devices, out.append)
@@ -165,73 +111,46 @@ def split_names(text: str) -> list[str]:
 
 
 # ---------------------------------------------------------------- helpers
-Report = Callable[[str], None]
-
-
-def _get(c: ConfigDict, key: str):
-    for part in key.split("."):
-        c = c[part]
-    return c
-
-
-def _show(value) -> str:
-    if isinstance(value, float) and not isinstance(value, bool):
-        return f"{value:g}"
-    return repr(value) if isinstance(value, str) else str(value)
-
-
-def _in_range(value, rule: str) -> bool:
-    if rule.startswith("in "):
-        lo, hi = (float(x) for x in rule[4:-1].split(","))
-        above = value >= lo if rule[3] == "[" else value > lo
-        return above and (value <= hi if rule[-1] == "]" else value < hi)
-    op, bound = rule.split()
-    return value > float(bound) if op == ">" else value >= float(bound)
-
-
-def _ranges(c: ConfigDict, table: dict[str, str], report: Report) -> None:
-    """Each numeric key of `table` within its range."""
-    for key, rule in table.items():
-        value = _get(c, key)
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            report(f"{key} must be a number {rule}, got {_show(value)}")
-        elif math.isnan(value) or not _in_range(value, rule):
-            report(f"{key} must be {rule}, got {_show(value)}")
-
-
-def _choice(c: ConfigDict, key: str, allowed, report: Report) -> bool:
-    """Whether `key` holds one of `allowed` (else reported)."""
-    value = _get(c, key)
-    if value in tuple(allowed):
+def _choice(c: ConfigDict, key: str, report: Report) -> bool:
+    """Whether `key` holds one of its CHOICES (else reported)."""
+    value, allowed = get(c, key), CHOICES[key]
+    if not isinstance(value, bool) and value in allowed:
         return True
     what = key.rpartition(".")[2]
-    report(f"{key}: unknown {what} {_show(value)}; choose one of {', '.join(map(str, allowed))}")
+    report(f"{key}: unknown {what} {show(value)}; choose one of {', '.join(map(str, allowed))}")
     return False
 
 
-def _key_mistakes(config: ConfigDict) -> list[str]:
-    """Keys `config` has that the defaults do not (a typo would be silently ignored), and
-    keys it lacks. mesh.rules' entries are `_mesh_and_sync`'s."""
+def _leaves(d: dict, prefix: str = "") -> set[str]:
+    """Dotted keys of a config dict; mesh.rules is one key (`_mesh_and_sync` checks it)."""
+    out = set()
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and key != "mesh.rules":
+            out |= _leaves(v, f"{key}.")
+        else:
+            out.add(key)
+    return out
 
-    def leaves(d: dict, prefix: str = "") -> set[str]:
-        out = set()
-        for k, v in d.items():
-            key = f"{prefix}{k}"
-            if isinstance(v, dict) and key != "mesh.rules":
-                out |= leaves(v, f"{key}.")
-            else:
-                out.add(key)
-        return out
 
-    have, known = leaves(config.to_dict()), leaves(defaults.get_config().to_dict())
+@functools.cache
+def _default_keys() -> frozenset[str]:
+    return frozenset(_leaves(defaults.get_config().to_dict()))
+
+
+def _key_mistakes(config: ConfigDict) -> tuple[list[str], bool]:
+    """(lines for the keys `config` has that the defaults do not, since a typo would be
+    silently ignored, and for the keys it lacks; whether it lacks any)."""
+    have, known = _leaves(config.to_dict()), _default_keys()
     home = "jaxspeech/config/defaults.py"
-    return [f"{k} is not a config key (none such in {home})" for k in sorted(have - known)] + [
-        f"{k} is missing (every key of {home} must be set)" for k in sorted(known - have)
-    ]
+    missing = sorted(known - have)
+    lines = [f"{k} is not a config key (none such in {home})" for k in sorted(have - known)]
+    lines += [f"{k} is missing (every key of {home} must be set)" for k in missing]
+    return lines, bool(missing)
 
 
 def _file(c: ConfigDict, key: str, report: Report) -> None:
-    path = _get(c, key)
+    path = get(c, key)
     if path and not os.path.isfile(path):
         report(f"{key}: no such file {path!r}")
 
@@ -247,88 +166,102 @@ def _data(c: ConfigDict, report: Report) -> None:
         split_names(d.eval_split)
     except ValueError as e:
         report(f"data.eval_split: {e}")
-    for key in ("bucket_boundaries", "eval_bucket_boundaries"):
-        bounds = d[key]
-        if key == "eval_bucket_boundaries" and not bounds:
-            continue  # () = the training buckets
-        try:
-            pipeline_lib.make_bucket_spec(bounds, 1.0, 1.0, 1)
-        except (ValueError, TypeError) as e:
-            report(f"data.{key}: {e}")
     shards = d.loader_shards
     if isinstance(shards, bool) or not isinstance(shards, int) or shards < 0:
         report(
-            f"data.loader_shards={_show(shards)} must be 0 (one per process) or a multiple "
+            f"data.loader_shards={show(shards)} must be 0 (one per process) or a multiple "
             "of every process count the run will use"
         )
-    _ranges(c, {k: v for k, v in RANGES.items() if k.startswith("data.")}, report)
+    ranges.check(c, under("data."), report)
+    relations.buckets(c, report)
 
 
 def _features(c: ConfigDict, report: Report) -> None:
-    before = []
-    _ranges(c, {k: v for k, v in RANGES.items() if k.startswith("features.")}, before.append)
-    for line in before:
-        report(line)
-    if before:
-        return
-    f = c.features
-    if f.win_length > f.n_fft:
-        report(f"features.win_length must be <= features.n_fft={f.n_fft}, got {f.win_length}")
-    if not f.fmin < f.fmax <= f.sample_rate / 2:
-        report(
-            f"features.fmax must be above features.fmin={_show(f.fmin)} and at most half "
-            f"features.sample_rate={f.sample_rate}, got {_show(f.fmax)}"
-        )
+    """The log-mel's settings; the MFCC's (num_ceps, lifter, deltas) only with kind mfcc."""
+    kind_ok = _choice(c, "features.kind", report)
+    uses_mfcc = kind_ok and c.features.kind == "mfcc"
+    ranges.check(c, [k for k in under("features.") if uses_mfcc or k not in MFCC_KEYS], report)
+    relations.features(c, report)
+    if uses_mfcc:
+        relations.mfcc(c, report)
 
 
 def _augmentation(c: ConfigDict, report: Report) -> None:
     if c.specaug.enabled:
-        _ranges(c, SPECAUG_RANGES, report)
-    _ranges(c, {"waveform_aug.num_rirs": RANGES["waveform_aug.num_rirs"]}, report)
+        ranges.check(c, under("specaug."), report)
+        relations.specaug(c, report)
     w = c.waveform_aug
-    try:  # the loader's own checks; a manifest stands for its (unread) noise files
-        augment.WaveformAugmentConfig(
-            speeds=tuple(w.speeds),
-            noise_prob=w.noise_prob,
-            snr_db=tuple(w.snr_db),
-            noise_files=(w.noise_manifest,) if w.noise_manifest else (),
-            noise_exponents=tuple(w.noise_exponents),
-            reverb_prob=w.reverb_prob,
-            num_rirs=w.num_rirs,
-            rt60=tuple(w.rt60),
-            seed=0,
+    before: list[str] = []
+    ranges.check(c, under("waveform_aug."), before.append)
+    for name in _WAVEFORM_TUPLES:
+        values = w[name]
+        if not isinstance(values, tuple | list) or not all(
+            ranges.allows("finite", v) for v in values
+        ):
+            before.append(f"waveform_aug.{name} must hold finite numbers, got {show(values)}")
+    if not before and w.noise_prob > 0 and not w.noise_manifest and not w.noise_exponents:
+        before.append(
+            "waveform_aug.noise_exponents must not be empty when waveform_aug.noise_prob > 0 "
+            "and there is no waveform_aug.noise_manifest (generated noise needs a colour)"
         )
-    except (ValueError, TypeError) as e:
-        report(f"waveform_aug.{e}" if str(e).split(" ")[0] in w else f"waveform_aug: {e}")
+    for line in before:
+        report(line)
+    if not before:
+        try:  # the loader's own checks; a manifest stands for its (unread) noise files
+            augment.WaveformAugmentConfig(
+                speeds=tuple(w.speeds),
+                noise_prob=w.noise_prob,
+                snr_db=tuple(w.snr_db),
+                noise_files=(w.noise_manifest,) if w.noise_manifest else (),
+                noise_exponents=tuple(w.noise_exponents),
+                reverb_prob=w.reverb_prob,
+                num_rirs=w.num_rirs,
+                rt60=tuple(w.rt60),
+                seed=0,
+            )
+        except (ValueError, TypeError) as e:
+            report(f"waveform_aug.{e}" if str(e).split(" ")[0] in w else f"waveform_aug: {e}")
     _file(c, "waveform_aug.noise_manifest", report)
 
 
 def _model(c: ConfigDict, report: Report) -> None:
     m = c.model
-    encoder_ok = _choice(c, "model.encoder", tuple(ENCODERS), report)
-    head_ok = _choice(c, "model.head", asr.HEADS, report)
-    _choice(c, "model.dtype", tuple(DTYPES), report)
-    if encoder_ok:
-        section = ENCODER_RANGES[m.encoder]
-        table = {f"model.{m.encoder}.{k}": rule for k, rule in section.items()}
-        before: list[str] = []
-        _ranges(c, table, before.append)
-        for line in before:
-            report(line)
-        if not before:
-            (_conformer if m.encoder == "conformer" else _lstm)(c, report)
+    encoder_ok = _choice(c, "model.encoder", report)
+    head_ok = _choice(c, "model.head", report)
+    _choice(c, "model.dtype", report)
+    if encoder_ok and ranges.check(c, under(f"model.{m.encoder}."), report):
+        (_conformer if m.encoder == "conformer" else _lstm)(c, report)
     if head_ok and "rnnt" in m.head.split("+"):
-        _choice(c, "model.transducer.predictor", PREDICTORS, report)
-        _choice(c, "loss.rnnt", asr.RNNT_LOSSES, report)
-        _ranges(c, TRANSDUCER_RANGES, report)
+        _transducer(c, report)
     if head_ok and m.head == "ctc+rnnt":
-        _ranges(c, {"loss.ctc_weight": ">= 0"}, report)
+        ranges.check(c, ["loss.ctc_weight"], report)
+    if head_ok and "aed" in m.head.split("+"):
+        _attention_decoder(c, report)
+
+
+def _attention_decoder(c: ConfigDict, report: Report) -> None:
+    """The attention decoder's settings and the joint loss's (ctc_weight in [0, 1]: ESPnet's
+    ctc_weight * CTC + (1 - ctc_weight) * attention)."""
+    keys = [*under("model.decoder."), "loss.ctc_weight", "loss.label_smoothing"]
+    ranges.check(c, keys, report)
+    d = c.model.decoder
+    if ranges.valid(c, "model.decoder.dim", "model.decoder.num_heads") and d.dim % d.num_heads:
+        report(
+            f"model.decoder.dim must be a multiple of model.decoder.num_heads="
+            f"{d.num_heads}, got {d.dim}"
+        )
+    if ranges.valid(c, "loss.ctc_weight") and c.loss.ctc_weight > 1:
+        report(
+            f"loss.ctc_weight must be <= 1 with model.head={c.model.head} (the attention "
+            f"loss weighs 1 - ctc_weight), got {show(c.loss.ctc_weight)}"
+        )
 
 
 def _conformer(c: ConfigDict, report: Report) -> None:
     e = c.model.conformer
-    _choice(c, "model.conformer.remat", tuple(REMAT_POLICIES), report)
-    _choice(c, "model.conformer.subsampling_factor", SUBSAMPLING_FACTORS, report)
+    _choice(c, "model.conformer.remat", report)
+    _choice(c, "model.conformer.subsampling_factor", report)
+    relations.subsampling(c, report)
     if e.dim % e.num_heads:
         report(
             f"model.conformer.dim must be a multiple of model.conformer.num_heads="
@@ -349,16 +282,32 @@ def _lstm(c: ConfigDict, report: Report) -> None:
         )
 
 
+def _transducer(c: ConfigDict, report: Report) -> None:
+    """The predictor's settings (the chosen predictor's only) and the transducer loss's
+    (the pruned loss's only with loss.rnnt = pruned)."""
+    keys = ["model.transducer.predictor_dim", "model.transducer.joiner_dim"]
+    if _choice(c, "model.transducer.predictor", report):
+        if c.model.transducer.predictor == "stateless":
+            keys.append("model.transducer.context_size")
+        else:
+            keys += ["model.transducer.lstm_layers", "model.transducer.lstm_hidden"]
+    keys += ["loss.rnnt_warmup_steps", "loss.frames_per_chunk"]
+    if _choice(c, "loss.rnnt", report) and c.loss.rnnt == "pruned":
+        keys += ["loss.prune_range", "loss.simple_scale"]
+    ranges.check(c, keys, report)
+
+
 def _decoding(c: ConfigDict, report: Report) -> None:
-    for table in ("decoding.", "scoring."):
-        _ranges(c, {k: v for k, v in RANGES.items() if k.startswith(table)}, report)
+    ranges.check(c, ["decoding.beam", "decoding.max_symbols_per_frame"], report)
+    ranges.check(c, under("scoring."), report)
     for key in ("decoding.lm_path", "scoring.mapping_file"):
         _file(c, key, report)
     if c.model.head not in asr.HEADS:
         return  # reported; the decoder is checked against a valid head only
     try:
         search.decoding_method(c)  # a method the head can run
-        search.uses_lm(c)  # an LM only with a beam search
+        if search.uses_lm(c):  # an LM only with a beam search
+            ranges.check(c, ["decoding.lm_weight", "decoding.word_bonus"], report)
     except ValueError as e:
         report(str(e))
     e = c.model.conformer
@@ -368,17 +317,16 @@ def _decoding(c: ConfigDict, report: Report) -> None:
         report(
             "decoding.streaming needs a streaming encoder (model.encoder=conformer with "
             f"causal=True and chunk_size > 0), got {c.model.encoder}, causal={e.causal}, "
-            f"chunk_size={_show(e.chunk_size)}"
+            f"chunk_size={show(e.chunk_size)}"
         )
 
 
 def _distill(c: ConfigDict, report: Report) -> None:
     d = c.distill
     if d.other_split:
-        steps = c.train.num_steps
-        if isinstance(steps, int) and steps >= 1:  # else train.num_steps is reported
+        if ranges.valid(c, "train.num_steps"):  # else train.num_steps is reported
             try:
-                mixing.parse_schedule(str(d.schedule), steps)
+                mixing.parse_schedule(str(d.schedule), c.train.num_steps)
             except ValueError as e:
                 report(f"distill.schedule: {e}")
     if not d.targets:
@@ -388,50 +336,45 @@ def _distill(c: ConfigDict, report: Report) -> None:
     if c.model.head in asr.HEADS and "ctc" not in c.model.head.split("+"):
         report(
             f"distill.targets trains a CTC output: model.head must be ctc or ctc+rnnt, "
-            f"got {_show(c.model.head)}"
+            f"got {show(c.model.head)}"
         )
-    _choice(c, "distill.loss", distill_losses.LOSS_KINDS, report)
-    _choice(c, "distill.rest", distill_losses.REST_MODES, report)
-    _ranges(c, SOFT_TARGET_RANGES, report)
+    _choice(c, "distill.loss", report)
+    _choice(c, "distill.rest", report)
+    ranges.check(c, under("distill."), report)
 
 
 def _train(c: ConfigDict, report: Report) -> None:
-    for section in ("optim.", "train.", "monitor."):
-        _ranges(c, {k: v for k, v in RANGES.items() if k.startswith(section)}, report)
-    _choice(c, "optim.name", OPTIMIZERS, report)
-    _choice(c, "optim.decay", DECAYS, report)
+    ranges.check(c, ["seed", *under("optim."), *under("train."), *under("monitor.")], report)
+    _choice(c, "optim.name", report)
+    _choice(c, "optim.decay", report)
     try:
         str(c.train.compile_cache_dir).format(workdir="RUN")
     except (KeyError, IndexError, ValueError) as e:
         report(
             f"train.compile_cache_dir may hold only the {{workdir}} placeholder, got "
-            f"{_show(c.train.compile_cache_dir)} ({type(e).__name__}: {e})"
+            f"{show(c.train.compile_cache_dir)} ({type(e).__name__}: {e})"
         )
 
 
+def _sync_keys(c: ConfigDict) -> list[str]:
+    """The numeric sync settings the chosen strategy reads (none for an unknown one,
+    which `sync.strategy_from_config` reports)."""
+    s = c.sync
+    method = s.outer if s.strategy == "hierarchical" else s.strategy
+    if method == "bmuf":
+        return ["sync.block_steps", "sync.block_momentum", "sync.block_lr", "sync.block_gain"]
+    if method == "gtc":
+        return ["sync.gtc_tau", "sync.gtc_density", "sync.gtc_capacity"]
+    return []
+
+
 def _mesh_and_sync(c: ConfigDict, entries, devices: int | None, report: Report) -> None:
-    """Mesh sizes (fitting `devices` when given), the rules table of `entries`
+    """Mesh sizes (filling `devices` when given), the rules table of `entries`
     (config.mesh.rules), and the sync strategy on that mesh with those rules."""
-    sizes = {a: c.mesh[a] for a in rules.MESH_AXES}
-    ok = all(isinstance(v, int) and not isinstance(v, bool) for v in sizes.values())
-    if not ok:
-        report(f"mesh sizes must be integers (-1: the rest of the devices), got {sizes}")
-        return
-    shape = None
-    try:
-        # Unknown devices: a count the sizes fit (2 for a -1 axis), so only the sizes'
-        # own mistakes show.
-        known = math.prod(v for v in sizes.values() if v > 0)
-        count = devices if devices is not None else known * (2 if -1 in sizes.values() else 1)
-        shape = dict(zip(rules.MESH_AXES, mesh_lib.resolve_mesh_shape(sizes, count)))
-    except ValueError as e:
-        report(str(e))
-    table = None
-    try:
-        table = rules.rules_from_config(entries)
-    except (ValueError, TypeError) as e:
-        report(str(e))
-    if shape is None or table is None:
+    ranges.check(c, under("mesh."), report)
+    shape = relations.mesh_shape(c, devices, report)
+    table = relations.rules_table(entries, report)
+    if not ranges.check(c, _sync_keys(c), report) or shape is None or table is None:
         return
     try:
         sync.strategy_from_config(c.sync, shape, table)

@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from jaxspeech import files
+
 MAGIC = b"JSR1"
 AUDIO_FORMATS = ("pcm_s16le", "flac")
 INDEX_FILE = "index.json"
@@ -273,9 +275,10 @@ def write_split_index(
             for s in shards
         ],
     }
-    np.save(os.path.join(split_dir, DURATIONS_FILE), durations, allow_pickle=False)
-    with open(os.path.join(split_dir, INDEX_FILE), "w", encoding="utf-8") as f:
-        json.dump(index, f, indent=1)
+    with files.atomic_open(os.path.join(split_dir, DURATIONS_FILE), "wb") as f:
+        np.save(f, durations, allow_pickle=False)
+    # Last: a split whose index exists is complete (the index is the completion mark).
+    files.atomic_json(os.path.join(split_dir, INDEX_FILE), index)
 
 
 def read_split_index(data_dir: str, split: str) -> SplitIndex:

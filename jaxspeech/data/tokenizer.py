@@ -12,6 +12,8 @@ import json
 import os
 from collections.abc import Iterable, Sequence
 
+from jaxspeech import files
+
 BLANK_ID = 0
 UNK_ID = 1
 BLANK = "<blank>"
@@ -150,11 +152,10 @@ class Tokenizer:
             "vocab": self._pieces,
         }
         if self._spm_model is not None:
-            with open(os.path.join(directory, SPM_FILE), "wb") as f:
-                f.write(self._spm_model)
+            files.atomic_write(os.path.join(directory, SPM_FILE), self._spm_model)
             config["spm_model"] = SPM_FILE
-        with open(os.path.join(directory, CONFIG_FILE), "w", encoding="utf-8") as f:
-            json.dump(config, f, ensure_ascii=False, indent=1)
+        text = json.dumps(config, ensure_ascii=False, indent=1)
+        files.atomic_write(os.path.join(directory, CONFIG_FILE), text)
 
     @classmethod
     def load(cls, directory: str) -> Tokenizer:

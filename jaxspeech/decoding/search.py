@@ -42,10 +42,12 @@ LM_WEIGHT, WORD_BONUS = 1.2, 10.0
 
 def decoding_method(config: ConfigDict) -> str:
     """config.decoding.method, with "auto" resolved (the head's greedy search; its beam
-    search when decoding.lm_path is set) and checked against the model's head."""
+    search when decoding.lm_path is set; CTC's for ctc+aed) and checked against the
+    model's head."""
     method, heads = config.decoding.method, config.model.head.split("+")
     if method == "auto":  # the head's greedy search, its beam search with an LM
         search = "beam" if config.decoding.get("lm_path", "") else "greedy"
+        # ctc+aed decodes through its CTC branch: no search reads the attention decoder yet.
         return f"rnnt_{search}" if "rnnt" in heads else f"ctc_{search}"
     if method not in DECODERS:
         raise ValueError(f"decoding.method must be auto or one of {DECODERS}, got {method!r}")

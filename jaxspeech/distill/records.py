@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxspeech import files
 from jaxspeech.data import reader as reader_lib
 
 MAGIC = b"JTT1"
@@ -78,9 +79,7 @@ def write_file(path: str, items: Sequence[bytes]) -> int:
 
 def write_json(path: str, value: Any) -> None:
     """`path` replaced atomically (a reader never sees half a file)."""
-    with open(path + TEMP_SUFFIX, "w", encoding="utf-8") as f:
-        json.dump(value, f, indent=1, ensure_ascii=False)
-    os.replace(path + TEMP_SUFFIX, path)
+    files.atomic_write(path, json.dumps(value, indent=1, ensure_ascii=False))
 
 
 def file_size(path: str) -> int | None:

@@ -1,8 +1,10 @@
-"""Teacher targets for distillation and pseudo-labels: `python -m jaxspeech.distill.targets`.
+r"""Teacher targets for distillation and pseudo-labels: `python -m jaxspeech.distill.targets`.
 
     python -m jaxspeech.distill.targets --teacher RUN --data DIR --split NAME --top_k K \
         --output OUT [--step S] [--batch_seconds X] [--max_shards N] \
         [--pseudo_labels PDIR [--min_confidence C]] [multi-host flags]
+
+(`--workdir RUN`, the name every other command gives a run, is the same as `--teacher`.)
 
 A CTC teacher (a run with a CTC head) labels a prepared split: per input shard i of n it
 writes ``OUT/NAME/targets-<i>-of-<n>.array_record``, one target record per input record in
@@ -63,7 +65,11 @@ FLAGS = flags.FLAGS
 
 def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
     """This command's flags (the multi-host ones come from `mesh.define_flags`)."""
-    flags.DEFINE_string("teacher", None, "Run directory of the CTC teacher.", flag_values=fv)
+    flags.DEFINE_string(
+        "teacher", None, "Run directory of the CTC teacher (also: --workdir).", flag_values=fv
+    )
+    # --workdir names the run on every other command: the teacher's run here.
+    flags.DEFINE_alias("workdir", "teacher", flag_values=fv)
     flags.DEFINE_string("data", None, "Prepared data directory.", flag_values=fv)
     flags.DEFINE_string("split", None, "Split of --data to label.", flag_values=fv)
     flags.DEFINE_integer("top_k", None, "Labels kept per frame, in [1, V].", flag_values=fv)

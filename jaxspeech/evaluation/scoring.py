@@ -16,6 +16,7 @@ import jax
 import numpy as np
 from ml_collections import ConfigDict
 
+from jaxspeech import files
 from jaxspeech.config import build, validate
 from jaxspeech.data import pipeline as pipeline_lib
 from jaxspeech.data import records
@@ -295,10 +296,9 @@ def write_result(workdir: str, result: dict, step: int, tag: str = "") -> str:
     if jax.process_index() == 0:
         os.makedirs(os.path.dirname(base), exist_ok=True)
         summary = {k: v for k, v in result.items() if k != "utterances"}
-        with open(base + ".json", "w") as f:
-            json.dump(summary | {"step": step}, f, indent=1)
-        if "utterances" in result:
-            with open(base + "-utts.jsonl", "w", encoding="utf-8") as f:
+        if "utterances" in result:  # first: the summary's presence means both are whole
+            with files.atomic_open(base + "-utts.jsonl") as f:
                 for row in result["utterances"]:
                     f.write(json.dumps(row, ensure_ascii=False) + "\n")
+        files.atomic_json(base + ".json", summary | {"step": step})
     return base + ".json"

@@ -23,9 +23,11 @@ import json
 import os
 import time
 from collections.abc import Callable
+from contextlib import closing
 
 import jax
 
+from jaxspeech import files
 from jaxspeech.config import build
 from jaxspeech.decoding import search
 from jaxspeech.errors import UserError
@@ -35,6 +37,7 @@ from jaxspeech.metrics.writers import MetricWriter
 from jaxspeech.parallel import mesh as mesh_lib
 from jaxspeech.parallel import rules
 from jaxspeech.runs import checkpoint as ckpt_lib
+from jaxspeech.runs import lease as lease_lib
 from jaxspeech.runs import loading, status
 from jaxspeech.runs.events import log
 
@@ -59,9 +62,7 @@ def save_progress(workdir: str, progress: dict) -> None:
         return
     path = os.path.join(workdir, PROGRESS)
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path + ".tmp", "w") as f:
-        json.dump(progress, f, indent=1)
-    os.replace(path + ".tmp", path)
+    files.atomic_json(path, progress)
 
 
 def pending(steps: list[int], splits: list[str], progress: dict) -> list[tuple[int, list[str]]]:
@@ -136,8 +137,13 @@ def watch(
     decoders: dict = {}  # one compiled decoder for every checkpoint of the run
     log(f"watching {workdir}: splits {', '.join(splits)}, polling every {poll_s:g} s")
     last_news = time.monotonic()
-    try:
+    # One watcher per run: a second one would score every checkpoint again and race on
+    # RUN/eval/watch.json. Its lease is on its output, RUN/eval, not on the training run.
+    out_dir, lease_s = os.path.join(workdir, "eval"), config.train.lease_timeout_s
+    with lease_lib.hold_for_job(out_dir, "watch", lease_s, warn=log) as lease, closing(writer):
         while True:
+            if lease is not None:
+                lease.check()
             steps, final = process0_view(workdir)
             for step, missing in pending(steps, splits, progress):
                 score_step(
@@ -154,8 +160,6 @@ def watch(
                 log(f"no new checkpoint for {timeout_s:g} s (--watch_timeout); stopping")
                 return progress | {"reason": "timeout"}
             sleep(poll_s)
-    finally:
-        writer.close()
 
 
 def score_step(

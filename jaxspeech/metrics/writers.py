@@ -8,10 +8,59 @@ from __future__ import annotations
 
 import json
 import os
+import queue
+import threading
 from collections.abc import Mapping
 
 import jax
 import numpy as np
+
+from jaxspeech import files
+
+# tensorboardX writes events from a thread of its own; if a write fails (a full disk) the
+# thread dies, and the next `add_*` calls block forever on its bounded queue. The failure
+# is kept here (threading.excepthook) and raised in the caller's thread instead.
+_WRITER_FAILURES: dict[int, BaseException] = {}
+_previous_hook = threading.excepthook
+
+
+def _keep_writer_failure(args: threading.ExceptHookArgs) -> None:
+    if type(args.thread).__name__ == "_EventLoggerThread" and args.exc_value is not None:
+        _WRITER_FAILURES[id(args.thread)] = args.exc_value
+        if files.storage_error(args.exc_value):
+            return  # reported once, by the caller, as one line
+    _previous_hook(args)
+
+
+threading.excepthook = _keep_writer_failure
+
+
+class WriterStopped(OSError):
+    """TensorBoard's writer thread ended without an error to report."""
+
+
+def _guard_queue(event_writer) -> None:
+    """Makes `event_writer.add_event` wait on its queue only while its thread is alive:
+    a thread that dies (a full disk) while the queue is full would otherwise leave the
+    caller blocked forever. Raises the thread's error instead."""
+    events = event_writer._event_queue
+
+    def add_event(event) -> None:
+        if event_writer._closed:  # as tensorboardX's own add_event: dropped after close
+            return
+        while True:
+            thread = event_writer._worker
+            if not thread.is_alive():
+                raise _WRITER_FAILURES.pop(id(thread), None) or WriterStopped(
+                    "TensorBoard's event writer stopped"
+                )
+            try:
+                events.put(event, timeout=1.0)
+                return
+            except queue.Full:
+                continue
+
+    event_writer.add_event = add_event
 
 
 class MetricWriter:
@@ -34,21 +83,37 @@ class MetricWriter:
 
             os.makedirs(logdir, exist_ok=True)
             self._writer = SummaryWriter(logdir, flush_secs=30)
+            _guard_queue(self._writer._get_file_writer().event_writer)
             if jsonl_path:
                 self._jsonl = open(jsonl_path, "a", encoding="utf-8")
 
+    def _event_thread(self) -> threading.Thread | None:
+        writer = self._writer._get_file_writer() if self._writer is not None else None
+        return getattr(getattr(writer, "event_writer", None), "_worker", None)
+
+    def check(self) -> None:
+        """Raises the error that stopped TensorBoard's writer thread (then the writer is
+        dropped: its queue would block every later call)."""
+        thread = self._event_thread()
+        if thread is not None and not thread.is_alive():
+            failure = _WRITER_FAILURES.pop(id(thread), None)
+            self._writer = None
+            if failure is not None:
+                raise failure
+
     def scalars(self, step: int, values: Mapping[str, float]) -> None:
+        self.check()
         if self._writer is None:
             return
         for k, v in values.items():
             self._writer.add_scalar(k, float(v), global_step=step)
         if self._jsonl is not None:
             row = {"step": int(step)} | {k: float(v) for k, v in values.items()}
-            self._jsonl.write(json.dumps(row) + "\n")
-            self._jsonl.flush()
+            files.append_line(self._jsonl, json.dumps(row))
 
     def image(self, step: int, tag: str, img_hwc_uint8: np.ndarray) -> None:
         """One (H, W, 3) uint8 RGB image (PNG-encoded in the event; needs Pillow)."""
+        self.check()
         if self._writer is None:
             return
         img = np.asarray(img_hwc_uint8)
@@ -59,15 +124,20 @@ class MetricWriter:
 
     def text(self, step: int, tag: str, markdown_text: str) -> None:
         """Markdown text (TensorBoard's Text tab shows it under `<tag>/text_summary`)."""
+        self.check()
         if self._writer is None:
             return
         self._writer.add_text(tag, markdown_text, global_step=step)
 
     def flush(self) -> None:
+        self.check()
         if self._writer is not None:
             self._writer.flush()
 
     def close(self) -> None:
+        thread = self._event_thread()
+        if thread is not None and not thread.is_alive():
+            self._writer = None  # its close would wait on the dead thread's queue
         if self._writer is not None:
             self._writer.close()
             self._writer = None

@@ -1,9 +1,10 @@
 """The speech recognizer: front end -> encoder -> CTC and/or transducer heads.
 
 `head` picks the outputs: "ctc" (a linear layer to the vocabulary), "rnnt" (predictor
-+ joiner, `jaxspeech.models.transducer`) or "ctc+rnnt" (both; CTC as an auxiliary
-loss and an alternative decoder). The encoder is any registered one
-(`jaxspeech.models.ENCODERS`) with the interface
++ joiner, `jaxspeech.models.transducer`), "ctc+rnnt" (both; CTC as an auxiliary
+loss and an alternative decoder) or "ctc+aed" (CTC and an attention decoder,
+`jaxspeech.models.decoder`, trained jointly; decoded through its CTC branch).
+The encoder is any registered one (`jaxspeech.models.ENCODERS`) with the interface
 `encoder(feats_btf, lengths_b, *, deterministic, rngs) -> (x_btd, lengths_b)` and an
 `output_dim` attribute.
 """
@@ -18,13 +19,15 @@ from flax import nnx, struct
 
 from jaxspeech.audio.features import LogMelConfig
 from jaxspeech.losses import rnnt
+from jaxspeech.losses.attention import label_smoothed_loss
 from jaxspeech.losses.ctc import ctc_loss
+from jaxspeech.models.decoder import AttentionDecoder, teacher_forcing
 from jaxspeech.models.frontend import Frontend
 from jaxspeech.models.layers import Dense, Dtype
 from jaxspeech.models.transducer import Transducer
 from jaxspeech.parallel.rules import constrain
 
-HEADS = ("ctc", "rnnt", "ctc+rnnt")
+HEADS = ("ctc", "rnnt", "ctc+rnnt", "ctc+aed")
 RNNT_LOSSES = ("pruned", "full")
 
 
@@ -48,6 +51,7 @@ class ASRModel(nnx.Module):
         encoder_kwargs: dict,
         head: str = "ctc",
         transducer_kwargs: dict | None = None,
+        decoder_kwargs: dict | None = None,
         specaug: dict | None = None,
         dtype: Dtype = jnp.float32,
         rngs: nnx.Rngs,
@@ -56,7 +60,7 @@ class ASRModel(nnx.Module):
             raise ValueError(f"unknown head {head!r}; choose one of {HEADS}")
         self.frontend = Frontend(feature_config, specaug=specaug)
         self.encoder = encoder(
-            num_features=feature_config.num_mel_bins, dtype=dtype, rngs=rngs, **encoder_kwargs
+            num_features=feature_config.num_features, dtype=dtype, rngs=rngs, **encoder_kwargs
         )
         dim = self.encoder.output_dim
         self.head = head
@@ -70,6 +74,13 @@ class ASRModel(nnx.Module):
                 enc_dim=dim, vocab_size=vocab_size, dtype=dtype, rngs=rngs, **transducer_kwargs
             )
             if "rnnt" in head.split("+")
+            else None
+        )
+        self.decoder = (
+            AttentionDecoder(
+                vocab_size=vocab_size, enc_dim=dim, dtype=dtype, rngs=rngs, **(decoder_kwargs or {})
+            )
+            if "aed" in head.split("+")
             else None
         )
 
@@ -119,6 +130,25 @@ class ASRModel(nnx.Module):
         return ctc_loss(
             self.ctc_logits(enc_btd), enc_len_b, labels_bu, label_len_b, blank_id=blank_id
         )
+
+    def forward_attention(
+        self,
+        enc_btd: jax.Array,
+        enc_len_b: jax.Array,
+        labels_bu: jax.Array,
+        label_len_b: jax.Array,
+        *,
+        label_smoothing: float,
+        deterministic: bool,
+        rngs: nnx.Rngs | None = None,
+    ) -> tuple[jax.Array, jax.Array]:
+        """Encodings -> (B,) label-smoothed attention-decoder losses (teacher forcing, summed
+        over the label_len + 1 targets incl. <eos>) and (B,) finiteness."""
+        if self.decoder is None:
+            raise ValueError(f"model head {self.head!r} has no attention decoder")
+        inputs, targets = teacher_forcing(labels_bu, label_len_b)
+        logits = self.decoder(inputs, enc_btd, enc_len_b, deterministic=deterministic, rngs=rngs)
+        return label_smoothed_loss(logits, targets, label_len_b + 1, smoothing=label_smoothing)
 
     def forward_am_only(
         self,

@@ -1,4 +1,5 @@
-"""On-device front end: waveform -> log-mel -> global CMVN -> SpecAugment (training only).
+"""On-device front end: waveform -> log-mel (-> MFCC) -> global CMVN -> SpecAugment
+(training only).
 
 The normalization statistics are model state (`FeatureStats`, not trained), so
 they travel inside every checkpoint and export with the weights they belong to.
@@ -16,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
-from jaxspeech.audio import augment, features
+from jaxspeech.audio import augment, features, mfcc
 from jaxspeech.parallel.rules import map_batch_shards
 
 
@@ -44,7 +45,7 @@ class Frontend(nnx.Module):
         specaug: dict | None = None,
     ):
         self.cfg = feature_config
-        f = feature_config.num_mel_bins
+        f = feature_config.num_features
         self.mean = FeatureStats(jnp.zeros((f,), jnp.float32))
         self.std = FeatureStats(jnp.ones((f,), jnp.float32))
         # None disables augmentation; otherwise kwargs of `augment.spec_augment` plus
@@ -53,8 +54,8 @@ class Frontend(nnx.Module):
         self.freq_warp = float(self.specaug.pop("freq_warp", 0.0)) if self.specaug else 0.0
 
     def set_stats(self, mean: np.ndarray, std: np.ndarray) -> None:
-        """Install global CMVN statistics (per-bin mean and std, float32)."""
-        f = self.cfg.num_mel_bins
+        """Install global CMVN statistics (per-feature mean and std, float32)."""
+        f = self.cfg.num_features
         if mean.shape != (f,) or std.shape != (f,):
             raise ValueError(f"stats have shapes {mean.shape}, {std.shape}; expected ({f},)")
         self.mean[...] = jnp.asarray(mean, jnp.float32)
@@ -78,6 +79,9 @@ class Frontend(nnx.Module):
         if augmenting and self.freq_warp > 0:
             # Warp the raw log-mel spectrum (a physical spectrum), then normalize.
             feats = augment.freq_warp(rngs.specaug(), feats, self.freq_warp)
+        if self.cfg.kind == "mfcc":  # from the (warped) log-mel, before its normalization
+            c = self.cfg
+            feats = mfcc.mfcc_of_log_mel(feats, lengths, c.num_ceps, c.lifter, c.deltas)
         mask = jax.lax.broadcasted_iota(jnp.int32, (1, feats.shape[1]), 1) < lengths[:, None]
         feats = features.normalize(feats, self.mean[...], self.std[...], mask)
         if augmenting:
@@ -111,6 +115,13 @@ class Frontend(nnx.Module):
 
     def init_stream(self, batch_size: int) -> FrontendStreamState:
         """Empty state for `batch_size` audio streams."""
+        if self.cfg.kind == "mfcc" and self.cfg.deltas:
+            # A delta needs 2 frames after its own, and the stream's last frames take the
+            # value of its last full window: not carried by this state.
+            raise ValueError(
+                f"MFCC deltas (features.deltas={self.cfg.deltas}) cannot stream: use "
+                "features.deltas=0 for a streaming model"
+            )
         keep = self._stream_keep()
         return FrontendStreamState(
             samples_bs=jnp.zeros((batch_size, keep), jnp.float32),
@@ -179,7 +190,10 @@ class Frontend(nnx.Module):
         return jnp.where(keep[..., None], feats, 0.0), left.astype(jnp.int32)
 
     def _stream_feats(self, buf_bs: jax.Array, m: int) -> jax.Array:
-        """Normalized log-mel of the m frames whose windows start every hop from buf[0]."""
-        # The batch front end's own per-frame arithmetic, so streamed frames equal its frames.
+        """Normalized features of the m frames whose windows start every hop from buf[0]."""
+        # The batch front end's own per-frame arithmetic, so streamed frames equal its frames
+        # (an MFCC frame is its own log-mel frame's DCT: no deltas here, see init_stream).
         feats = features.log_mel_of_windows(buf_bs, self.cfg, m)
+        if self.cfg.kind == "mfcc":
+            feats = mfcc.cepstra(feats, self.cfg.num_ceps, self.cfg.lifter)
         return (feats - self.mean[...]) / self.std[...]

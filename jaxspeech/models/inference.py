@@ -33,21 +33,32 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxspeech.models.decoder import SOS_EOS
+
 # Shorter audio gives the front end and the subsampling no frame: the runtime pads it.
 MIN_SECONDS = 0.1
 # Functions whose inputs are audio (the ones int8 calibration feeds).
 AUDIO_FUNCTIONS = ("ctc", "encoder")
+# A ctc+aed model's attention decoder (StableHLO only, `inference_functions`).
+ATTENTION_FUNCTIONS = ("aed_encoder", "decoder_step")
 STREAM_FUNCTIONS = ("stream_first", "stream_step", "stream_flush", "stream_flush_first")
 
 
 def inference_functions(
-    graphdef, params: dict, model_vars: dict, *, stream_history: int | None = None
+    graphdef,
+    params: dict,
+    model_vars: dict,
+    *,
+    stream_history: int | None = None,
+    attention_decoder: bool = False,
 ) -> dict[str, Callable]:
     """name -> a pure function of arrays with the parameters closed over (numpy constants,
     so the exported program does not depend on the devices they were loaded on).
 
     `stream_history`: encoder frames of attention cache for a streaming encoder with
     unlimited left context (`left_chunks < 0`; see `ConformerEncoder.init_stream`).
+    `attention_decoder`: a ctc+aed model also gets `aed_encoder` and `decoder_step`
+    (`ATTENTION_FUNCTIONS`; the StableHLO export asks for them, the ONNX one does not yet).
     """
     params, model_vars = jax.device_get(params), jax.device_get(model_vars)
 
@@ -92,9 +103,29 @@ def inference_functions(
             "predictor_step": predictor_step,
             "joiner": joiner,
         }
+    if attention_decoder and "aed" in head:
+        out |= _attention_functions(model)
     if streamable(model()):
         out |= _stream_functions(model, stream_history)
     return out
+
+
+def _attention_functions(model: Callable) -> dict[str, Callable]:
+    """`aed_encoder` (audio, audio_len) -> (encodings f32[b, t, E], lengths) and
+    `decoder_step` (encodings, lengths, prefix i32[b, u]) -> log_probs f32[b, V] of the
+    token after each prefix (which starts with <sos> = `decoder.SOS_EOS`; <eos> ends a
+    hypothesis). The step recomputes the whole prefix (no cache): u is small."""
+
+    def aed_encoder(audio_bs, audio_len_b):
+        enc, lengths = model()(audio_bs, audio_len_b, train=False)
+        return enc.astype(jnp.float32), lengths
+
+    def decoder_step(enc_btd, enc_len_b, prefix_bu):
+        logits = model().decoder(prefix_bu, enc_btd, enc_len_b)  # (b, u, V)
+        last = jax.lax.dynamic_index_in_dim(logits, logits.shape[1] - 1, 1, keepdims=False)
+        return jax.nn.log_softmax(last, axis=-1)
+
+    return {"aed_encoder": aed_encoder, "decoder_step": decoder_step}
 
 
 def streamable(model) -> bool:
@@ -211,8 +242,16 @@ def argument_specs(name: str, fns: dict[str, Callable], sample_rate: int) -> tup
     min_samples = int(MIN_SECONDS * sample_rate)
     b, s = jax.export.symbolic_shape("b, s", constraints=(f"s >= {min_samples}",))
     audio = (jax.ShapeDtypeStruct((b, s), jnp.float32), jax.ShapeDtypeStruct((b,), jnp.int32))
-    if name in AUDIO_FUNCTIONS:
+    if name in AUDIO_FUNCTIONS or name == "aed_encoder":
         return audio
+    if name == "decoder_step":  # encodings of t frames, prefixes of u >= 1 tokens
+        b, t, u = jax.export.symbolic_shape("b, t, u", constraints=("t >= 1", "u >= 1"))
+        enc = jax.eval_shape(fns["aed_encoder"], *audio)[0]
+        return (
+            jax.ShapeDtypeStruct((b, t, enc.shape[-1]), jnp.float32),
+            jax.ShapeDtypeStruct((b,), jnp.int32),
+            jax.ShapeDtypeStruct((b, u), jnp.int32),
+        )
     (b,) = jax.export.symbolic_shape("b")  # the decoder's functions see no audio length
     tokens = jax.ShapeDtypeStruct((b,), jnp.int32)
     if name == "predictor_init":
@@ -258,6 +297,8 @@ def io_names(name: str, fns: dict[str, Callable]) -> tuple[list[str], list[str]]
         "predictor_init": (["tokens"], state),
         "predictor_step": ([*state, "tokens"], ["pred_proj", *next_state]),
         "joiner": (["enc_proj", "pred_proj"], ["log_probs"]),
+        "aed_encoder": (["audio", "audio_len"], ["encodings", "lengths"]),
+        "decoder_step": (["encodings", "lengths", "prefix"], ["log_probs"]),
     }[name]
 
 
@@ -293,3 +334,17 @@ def unscanned(arguments: dict, params: dict) -> tuple[dict, dict]:
     blocks = {i: jax.tree.map(lambda a, i=i: a[i], stacked) for i in range(kwargs["num_layers"])}
     params = params | {"encoder": params["encoder"] | {"blocks": blocks}}
     return arguments | {"encoder_kwargs": kwargs | {"scan_layers": False}}, params
+
+
+def attention_manifest(head: str, exported: bool) -> dict | None:
+    """The manifest's "attention_decoder": None for a model without one; else whether the
+    artifact holds `ATTENTION_FUNCTIONS` (StableHLO) or not yet (ONNX), never silent."""
+    if "aed" not in head.split("+"):
+        return None
+    if exported:
+        return {"exported": True, "functions": list(ATTENTION_FUNCTIONS), "sos_eos": SOS_EOS}
+    return {
+        "exported": False,
+        "why": "ONNX export of the attention decoder is not implemented yet; this artifact "
+        "decodes through its CTC function",
+    }

@@ -13,6 +13,7 @@ import jax
 import numpy as np
 from ml_collections import ConfigDict
 
+from jaxspeech import files
 from jaxspeech.audio.features import stats_to_mean_std
 from jaxspeech.config import build
 from jaxspeech.data.tokenizer import Tokenizer
@@ -45,7 +46,8 @@ def install_assets(config: ConfigDict, workdir: str) -> tuple[str, np.ndarray, n
     if jax.process_index() == 0 and not os.path.exists(dst_tok):
         os.makedirs(assets, exist_ok=True)
         shutil.copytree(src_tok, dst_tok + ".tmp", dirs_exist_ok=True)
-        shutil.copy(stats_path, os.path.join(assets, "stats.json"))
+        with open(stats_path, "rb") as f:
+            files.atomic_write(os.path.join(assets, "stats.json"), f.read())
         os.replace(dst_tok + ".tmp", dst_tok)
     _wait_for(dst_tok)
     if Tokenizer.load(src_tok).vocab_size != Tokenizer.load(dst_tok).vocab_size:
@@ -55,18 +57,33 @@ def install_assets(config: ConfigDict, workdir: str) -> tuple[str, np.ndarray, n
         )
     with open(os.path.join(assets, "stats.json")) as f:
         stats = json.load(f)
-    expected = build.feature_config(config).as_dict()
-    got = {k: stats["feature"].get(k) for k in expected}
-    if any(
-        not (got[k] == v or (isinstance(v, float) and math.isclose(got[k] or 0.0, v)))
-        for k, v in expected.items()
-    ):
+    differ = feature_differences(stats["feature"], build.feature_config(config).as_dict())
+    if differ:
+        got = ", ".join(f"{k}={v!r}" for k, (v, _) in differ.items())
+        want = ", ".join(f"features.{k}={v!r}" for k, (_, v) in differ.items())
         raise UserError(
             f"feature statistics in {stats_path} were computed with {got}, but the config "
-            f"asks for {expected}; re-run data_prep.prepare with matching feature flags"
+            f"asks for {want}; re-run data_prep.prepare with matching feature flags "
+            "(--features, --num_ceps, --lifter, --deltas, --num_mel_bins, ...)"
         )
     mean, std = stats_to_mean_std(stats["count"], stats["sum"], stats["sum_sq"])
     return dst_tok, mean, std
+
+
+def feature_differences(recorded: dict, expected: dict) -> dict[str, tuple]:
+    """{setting: (recorded, expected)} where stats.json's "feature" record and the config's
+    (`LogMelConfig.as_dict`) differ. A record without "kind" is a log-mel one (written
+    before MFCC existed); when the kinds differ, that is the one difference named."""
+    recorded, expected = {"kind": "log_mel"} | recorded, {"kind": "log_mel"} | expected
+    if recorded["kind"] != expected["kind"]:
+        return {"kind": (recorded["kind"], expected["kind"])}
+    out = {}
+    for k, v in expected.items():
+        got = recorded.get(k)
+        close = isinstance(v, float) and isinstance(got, int | float) and math.isclose(got, v)
+        if got != v and not close:
+            out[k] = (got, v)
+    return out
 
 
 def _wait_for(path: str, timeout_s: float = 300.0) -> None:

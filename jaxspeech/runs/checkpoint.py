@@ -26,6 +26,7 @@ No pickle anywhere: arrays in OCDBT/Zarr, everything else JSON.
 from __future__ import annotations
 
 import datetime
+import errno
 import hashlib
 import os
 import shutil
@@ -263,6 +264,7 @@ class Checkpointer:
         before it returns, so they may be donated right after). `meta` (JSON) is stored
         with the parameters' fingerprint added; `metrics` ({"eval_wer": x}) rank steps
         for `keep_best`."""
+        self.check_space(step, (model, train))
         meta = dict(meta or {})
         meta.update(
             step=int(step),
@@ -289,11 +291,35 @@ class Checkpointer:
         self._in_flight = step
         self._last_save = time.time()
 
+    def check_space(self, step: int, trees: Any) -> None:
+        """Raises ENOSPC before a save that cannot fit: the arrays' bytes (plus 5% and
+        1 MiB for metadata) against the free space of the checkpoint directory's disk, on
+        every process (a collective, so all stop together). Orbax would otherwise fail in
+        its writer threads, midway, with a traceback per thread."""
+        needed = sum(int(x.nbytes) for x in jax.tree.leaves(trees) if hasattr(x, "nbytes"))
+        needed = int(needed * 1.05) + 2**20
+        try:
+            free = shutil.disk_usage(self.directory).free
+        except OSError:  # not a local path: the store reports its own errors
+            free = needed
+        if not all_processes(free >= needed):
+            raise OSError(
+                errno.ENOSPC,
+                f"No space left on device: checkpoint {step} needs about "
+                f"{needed / 2**20:.1f} MiB, {free / 2**20:.1f} MiB free here "
+                "(or on another process)",
+                self.directory,
+            )
+
     def committed(self) -> list[int]:
         """Steps whose save has committed since the last call, oldest first (a cheap
         poll: no waiting)."""
         if self._in_flight is not None and not self.manager.is_saving_in_progress():
-            self._committed.append(self._in_flight)
+            # A save that failed (a full disk) also ends: only a step Orbax finalized, i.e.
+            # renamed from its temporary directory, counts (the error surfaces at the next
+            # save or wait).
+            if os.path.isdir(os.path.join(self.directory, str(self._in_flight))):
+                self._committed.append(self._in_flight)
             self._in_flight = None
         out, self._committed = self._committed, []
         return out

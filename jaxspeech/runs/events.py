@@ -12,6 +12,8 @@ import time
 
 import jax
 
+from jaxspeech import files
+
 EVENTS = "events.jsonl"
 
 
@@ -60,13 +62,33 @@ class EventLog:
 
     def write(self, event: str, **fields) -> None:
         if self._f is not None:
-            self._f.write(json.dumps({"event": event, "time": round(time.time(), 3)} | fields))
-            self._f.write("\n")
+            line = json.dumps({"event": event, "time": round(time.time(), 3)} | fields)
+            files.append_line(self._f, line)
 
     def close(self) -> None:
         if self._f is not None:
             self._f.close()
             self._f = None
+
+
+def one_line(exc: BaseException) -> str:
+    """`Type: first line of the message` (at most 300 characters) for logs and events."""
+    first = (str(exc).strip().splitlines() or [""])[0]
+    return f"{type(exc).__name__}: {first}"[:300]
+
+
+def record_failure(workdir: str, exc: BaseException) -> None:
+    """A `failed` event for an invocation that ends by an exception (process 0). On a full
+    disk it cannot be written: then the released lease tells `status` the run is dead."""
+    if jax.process_index() != 0 or not os.path.isdir(workdir):
+        return
+    try:
+        log = EventLog(workdir)
+        storage = files.storage_error(exc)
+        log.write("failed", error=f"storage: {storage}" if storage else one_line(exc))
+        log.close()
+    except OSError:
+        pass
 
 
 def read_events(workdir: str) -> list[dict]:
@@ -88,7 +110,7 @@ class BatchIdLog:
         self._f = open_for_append(path)
 
     def write(self, step: int, ids: list[str]) -> None:
-        self._f.write(json.dumps({"step": step, "ids": list(ids)}) + "\n")
+        files.append_line(self._f, json.dumps({"step": step, "ids": list(ids)}))
 
 
 def read_batch_ids(workdir: str, process: int = 0) -> dict[int, list[str]]:

@@ -1,9 +1,9 @@
-"""A run's state from its events log (RUN/events.jsonl): started, running, preempted,
-stopped, finished, and what it last reported."""
+"""A run's state from its events log (RUN/events.jsonl) and its lease (RUN/lease.json):
+started, running, dead, failed, preempted, stopped, finished, and what it last reported."""
 
 from __future__ import annotations
 
-from jaxspeech.runs import events
+from jaxspeech.runs import events, lease
 
 # The events that start or end an invocation, mapped to the state they leave the run in.
 LIFECYCLE = {
@@ -12,21 +12,43 @@ LIFECYCLE = {
     "preempted": "preempted",
     "stopped": "stopped",
     "finished": "finished",
+    "failed": "failed",
 }
 
 
 def run_status(workdir: str) -> dict:
-    """{"state": ..., "step": int | None, **the last lifecycle event's other fields}."""
-    last = None
+    """{"state": ..., "step": int | None, **the last lifecycle event's other fields}.
+
+    A run whose last lifecycle event says it is running is `running` only while a live job
+    holds its lease; otherwise it is `dead` (killed, or its host lost, before it could say
+    so), with `why`. `committed` is the latest checkpoint the events log saw commit: where
+    a restart resumes."""
+    last, committed = None, None
     for event in events.read_events(workdir):
         if event.get("event") in LIFECYCLE:
             last = event
+        elif event.get("event") == "checkpoint_committed":
+            committed = event.get("step")
     if last is None:
         return {"state": "none", "step": None}
     extra = {k: v for k, v in last.items() if k not in ("event", "time", "step")}
-    return {"state": LIFECYCLE[last["event"]], "step": last.get("step")} | extra
+    out = {"state": LIFECYCLE[last["event"]], "step": last.get("step")}
+    if out["state"] == "running":
+        held = lease.lease_state(workdir)
+        if not held:
+            out |= {"state": "dead", "why": "no job holds the run's lease and none said it ended"}
+        elif not held["alive"]:
+            out |= {"state": "dead", "why": f"lease holder {held['holder']}: {held['why']}"}
+        else:
+            out["holder"] = held["holder"]
+    if committed is not None:
+        out["committed"] = committed
+    return out | extra
 
 
 def describe(status: dict) -> str:
-    """`state=<state> step=<step> key=value ...`: one line, easy to grep."""
-    return " ".join(f"{k}={v}" for k, v in status.items())
+    """`state=<state> step=<step> key=value ...`: one line, easy to grep (values with
+    spaces are quoted)."""
+    return " ".join(
+        f"{k}={v!r}" if isinstance(v, str) and " " in v else f"{k}={v}" for k, v in status.items()
+    )

@@ -1,7 +1,7 @@
 """Deployment artifacts: `python -m jaxspeech.export --workdir RUN --format stablehlo|onnx
 --output DIR [--int8 --calibration DATA_DIR:SPLIT]`.
 
-The artifact takes 16 kHz audio: the log-mel front end and the run's feature
+The artifact takes 16 kHz audio: the front end (log-mel, or MFCC) and the run's feature
 normalization are inside it, with a symbolic batch `b` and length `s` (any length,
 also longer than every training bucket). Its functions (`jaxspeech.models.inference`)
 depend on the head: CTC models `ctc` (audio, audio_len) -> (log_probs, lengths);
@@ -38,7 +38,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from jaxspeech import models
+from jaxspeech import files, models
 from jaxspeech.config import build
 from jaxspeech.data import reader, records
 from jaxspeech.errors import UserError
@@ -75,8 +75,7 @@ def export_stablehlo(fns: dict[str, Callable], sample_rate: int, output: str) ->
         specs = argument_specs(name, fns, sample_rate)
         exported = jax.export.export(jax.jit(fn), platforms=("cpu", "cuda", "tpu"))(*specs)
         path = os.path.join(output, f"{name}.stablehlo")
-        with open(path, "wb") as f:
-            f.write(exported.serialize())
+        files.atomic_write(path, exported.serialize())
         inputs, outputs = inference.io_names(name, fns)
         described[name] = {
             "file": os.path.basename(path),
@@ -335,8 +334,7 @@ def _write_int8(
         num_mels=int(feats.num_mel_bins),
         calibration=calibration_set,
     )
-    with open(os.path.join(output, quantize.QUANTIZATION_JSON), "w") as f:
-        json.dump(report, f)
+    files.atomic_write(os.path.join(output, quantize.QUANTIZATION_JSON), json.dumps(report))
 
 
 def _manifest(
@@ -410,6 +408,7 @@ def export_run(
       UserError: not a run, no checkpoint, an unknown format, a split that is not prepared.
     """
     _check_format(fmt, int8, calibration_method)
+    _check_output(output)
     try:
         calib = read_calibration(calibration, calibration_utts) if int8 else None
         config = loading.load_run_config(workdir)
@@ -417,10 +416,69 @@ def export_run(
         run, scores = _load_and_score(workdir, config, step, data_dir, eval_split)
     except (FileNotFoundError, ValueError, ckpt_lib.CheckpointError) as e:
         raise UserError(str(e)) from e
-    os.makedirs(output, exist_ok=True)
+    # Everything is written into a staging directory next to `output` and moved into place
+    # complete: a full disk or a kill leaves the previous export (or none), never half one.
+    stage = files.staging_dir(output)
+    try:
+        manifest = _write_artifact(
+            stage,
+            fmt,
+            run,
+            config,
+            workdir,
+            scores,
+            calib,
+            stream_history,
+            onnx_python,
+            calibration_method,
+            calibration_percentile,
+        )
+        files.replace_dir(stage, output)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    return manifest
+
+
+def _check_output(output: str) -> None:
+    """`output` must be a new or empty directory or an earlier export (which the new one
+    replaces whole).
+
+    Raises:
+      UserError: `output` is a file, or a directory holding other files.
+    """
+    if os.path.exists(output) and not os.path.isdir(output):
+        raise UserError(f"--output {output} is a file, not a directory")
+    if os.path.isdir(output) and os.listdir(output):
+        if not os.path.exists(os.path.join(output, MANIFEST)):
+            raise UserError(
+                f"--output {output} holds other files and no earlier export ({MANIFEST}); "
+                "choose a new or empty directory"
+            )
+
+
+def _write_artifact(
+    output: str,
+    fmt: str,
+    run: loading.Run,
+    config,
+    workdir: str,
+    scores: dict | None,
+    calib,
+    stream_history: int | None,
+    onnx_python: str | None,
+    calibration_method: str,
+    calibration_percentile: float,
+) -> dict:
+    """Writes the artifact's files and manifest.json into the directory `output`; returns
+    the manifest."""
     sample_rate = int(config.features.sample_rate)
     fns = inference_functions(
-        run.spec.graphdef, run.params, run.model_vars, stream_history=stream_history
+        run.spec.graphdef,
+        run.params,
+        run.model_vars,
+        stream_history=stream_history,
+        attention_decoder=fmt == "stablehlo",  # ONNX: not yet (the manifest says so)
     )
     if fmt == "onnx":
         arguments = build.model_arguments(config, run.tokenizer.vocab_size)
@@ -442,9 +500,9 @@ def export_run(
     manifest = _manifest(fmt, functions, config, run, tokenizer_out, workdir, scores) | {
         "quantization": quantize.QUANTIZATION_JSON if calib is not None else None,
         "streaming": stream_section(fns, sample_rate),
+        "attention_decoder": inference.attention_manifest(config.model.head, fmt == "stablehlo"),
     }
-    with open(os.path.join(output, MANIFEST), "w") as f:
-        json.dump(manifest, f, indent=1, default=str)
+    files.atomic_write(os.path.join(output, MANIFEST), json.dumps(manifest, indent=1, default=str))
     return manifest
 
 

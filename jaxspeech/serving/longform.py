@@ -15,6 +15,12 @@ overlapping windows share `overlap_s` seconds and are cut in the middle of the o
 word that a window's edge cuts in two starts outside the part of that window that is
 kept, as long as words are shorter than half the overlap (2 s overlap: words up to 1 s),
 so every word is taken from a window that heard all of it.
+
+Silence (`SpeechGate`): a piece with almost no 10 ms frame as loud as `floor_db` dBFS is
+not decoded (its share of the audio is counted as skipped), and a decoded word is checked
+against the frames it spans: one that spans mostly silence, or that is longer than
+`max_word_s`, is dropped with its reason; the others end where the speech in their span
+does, so no word reaches into a silence.
 """
 
 from __future__ import annotations
@@ -64,6 +70,15 @@ def read_audio_blocks(path: str, rate: int, block_s: float = 30.0) -> Iterator[n
                 return
 
 
+def frame_db(audio: np.ndarray, rate: int) -> np.ndarray:
+    """audio (S,) -> (S // (rate // 100),) the RMS of each whole 10 ms frame in dBFS (power in
+    float64, so quiet float32 audio keeps its level; digital silence: -120)."""
+    frame = max(1, rate // 100)
+    n = len(audio) // frame
+    power = np.mean(np.square(audio[: n * frame].reshape(n, frame), dtype=np.float64), 1)
+    return 10 * np.log10(power + 1e-12)
+
+
 @dataclasses.dataclass(frozen=True)
 class Piece:
     """A stretch of audio decoded on its own: its first sample, its samples, and where its
@@ -101,13 +116,12 @@ class Segmenter:
 
     def first_pause(self, audio: np.ndarray) -> int | None:
         """The sample in the middle of the first pause after speech in `audio`, or None."""
-        frame = self.rate // 100
+        frame = max(1, self.rate // 100)
         n = len(audio) // frame
         need = -(-self.min_pause // frame) if self.min_pause else 0
         if not need or n <= need:
             return None
-        power = np.mean(np.square(audio[: n * frame].reshape(n, frame), dtype=np.float64), 1)
-        db = 10 * np.log10(power + 1e-12)
+        db = frame_db(audio, self.rate)
         silent = db < max(self.floor_db, np.percentile(db, 95) - self.drop_db)
         run = 0
         for i, quiet in enumerate(silent):
@@ -175,6 +189,96 @@ def keep_between(words: list[Word], lo: float, hi: float) -> list[Word]:
     return [w for w in words if lo <= w.start < hi]
 
 
+@dataclasses.dataclass(frozen=True)
+class DroppedWord:
+    """A decoded word left out of the transcript, and why: "silence" (its span is mostly
+    silence) or "too long" (longer than `SpeechGate.max_word_s`)."""
+
+    word: Word
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeechGate:
+    """What counts as speech: serving-time settings (`transcribe --silence_db
+    --max_word_s`).
+
+    A 10 ms frame is speech when its RMS is `floor_db` dBFS or more. The demo corpus's
+    utterances have an RMS of -29 to -17 dBFS and a noise floor of -80 to -60 dBFS: -50
+    lies 21 dB under the quietest utterance and 10 dB over the loudest floor. A piece with
+    less than `min_speech_s` of speech frames (and not all speech) is not decoded: on
+    silence or faint noise a decoder makes words up, and a click is no speech. A decoded
+    word is checked against the frames it spans, each counting as speech when it lies
+    within `pad_s` of a speech frame (CTC emits a label a few frames after its sound, and
+    speech has short quiet stops): a word with at most half of them speech is dropped
+    ("silence"), the others start and end at their first and last speech frame; one that
+    is then longer than `max_word_s` is dropped ("too long": no word lasts seconds).
+    `floor_db` -inf: every frame is speech, only `max_word_s` applies.
+    """
+
+    floor_db: float = -50.0
+    min_speech_s: float = 0.1
+    pad_s: float = 0.1
+    max_word_s: float = 3.0
+
+    def speech(self, audio: np.ndarray, rate: int) -> np.ndarray:
+        """audio (S,) -> (ceil(S / frame),) bool: the 10 ms frames at `floor_db` or more (a
+        last partial frame padded with zeros)."""
+        frame = max(1, rate // 100)
+        padded = np.pad(audio, (0, -len(audio) % frame))
+        return frame_db(padded, rate) >= self.floor_db
+
+    def is_silent(self, audio: np.ndarray, rate: int) -> bool:
+        """Whether `audio` (S,) holds less than `min_speech_s` of speech frames (and is not
+        all speech: a piece shorter than that is silent only if some of it is)."""
+        speech = self.speech(audio, rate)
+        need = math.ceil(self.min_speech_s * rate / max(1, rate // 100) - 1e-9)
+        return np.count_nonzero(speech) < min(need, len(speech))
+
+    def check_words(
+        self, found: list[Word], audio: np.ndarray, rate: int, offset_s: float
+    ) -> tuple[list[Word], list[DroppedWord]]:
+        """`found`'s words in `audio` (S,) (which starts at `offset_s`): (kept, with their
+        times moved in to their speech; dropped, with the times the decoder gave)."""
+        frame_s = max(1, rate // 100) / rate
+        pad = int(round(self.pad_s / frame_s))
+        speech = self.speech(audio, rate)
+        # Dilated by `pad` frames each way ("full" and a slice: "same" mode would return
+        # the kernel's length for a shorter piece).
+        near = np.convolve(speech, np.ones(2 * pad + 1), "full")[pad : pad + len(speech)] > 0.5
+        kept, dropped = [], []
+        for w in found:
+            # The frames the word overlaps; the epsilon keeps a time on a frame's edge
+            # from reaching into the next frame through float rounding.
+            a = min(max(0, math.floor((w.start - offset_s) / frame_s + 1e-6)), len(near))
+            b = min(max(a, math.ceil((w.end - offset_s) / frame_s - 1e-6)), len(near))
+            span = near[a:b]
+            if 2 * np.count_nonzero(span) <= len(span):  # an empty span too
+                dropped.append(DroppedWord(w, "silence"))
+                continue
+            first, last = a + int(np.argmax(span)), b - int(np.argmax(span[::-1]))
+            start = max(w.start, offset_s + first * frame_s)
+            end = min(w.end, offset_s + last * frame_s)
+            if end - start > self.max_word_s:
+                dropped.append(DroppedWord(w, "too long"))
+            else:
+                kept.append(Word(w.text, start, end))
+        return kept, dropped
+
+
+DEFAULT_GATE = SpeechGate()
+
+
+@dataclasses.dataclass
+class Transcript:
+    """What `transcribe` found: the words by start, the words it dropped (`SpeechGate`),
+    and the seconds of audio whose pieces were silence and not decoded."""
+
+    words: list[Word]
+    dropped: list[DroppedWord]
+    skipped_s: float
+
+
 def transcribe(
     blocks: Iterable[np.ndarray],
     decode: WindowDecoder,
@@ -186,9 +290,13 @@ def transcribe(
     overlap_s: float = 2.0,
     min_pause_s: float = 0.25,
     batch: int = 8,
-) -> list[Word]:
+    gate: SpeechGate | None = DEFAULT_GATE,
+    progress: Callable[[float], None] | None = None,
+) -> Transcript:
     """The words of the whole audio (blocks at `rate` Hz). Pieces are padded to a quarter,
-    a half or all of `window_s` (three compiled shapes) and decoded `batch` at a time.
+    a half or all of `window_s` (three compiled shapes) and decoded `batch` at a time;
+    with a `gate`, silent pieces are skipped and words checked. `progress(seconds)` is
+    called with the seconds of audio done (decoded or skipped) whenever that grows.
 
     Raises:
       ValueError: overlap_s not in [0, window_s).
@@ -201,29 +309,48 @@ def transcribe(
     )
     widths = sorted({max(1, window // 4), max(1, window // 2), window})
     frame_s = frame_samples / rate
-    out: list[Word] = []
-    queues: dict[int, list[tuple[Piece, float]]] = {w: [] for w in widths}
+    out = Transcript([], [], 0.0)
+    # Per width: (piece, the start and end of its share of the words, its share's seconds)
+    queues: dict[int, list[tuple[Piece, float, float, float]]] = {w: [] for w in widths}
+    done = [0.0]  # seconds of the audio decoded or skipped: the pieces' shares add up to all
+
+    def advance(seconds: float) -> None:
+        done[0] += seconds
+        if progress is not None:
+            progress(done[0])
 
     def flush(width: int) -> None:
         group = queues[width]
         audio = np.zeros((batch, width), np.float32)
         lens = np.full(batch, width, np.int32)  # unused rows: decoded, then ignored
-        for row, (piece, _) in enumerate(group):
+        for row, (piece, *_) in enumerate(group):
             audio[row, : len(piece.samples)], lens[row] = piece.samples, len(piece.samples)
-        for (piece, lo), (labels, frames) in zip(group, decode(audio, lens)):
-            hi = math.inf if piece.keep_until is None else piece.keep_until
+        for (piece, lo, hi, _), (labels, frames) in zip(group, decode(audio, lens)):
             found = words_from_labels(labels, frames, words, frame_s, piece.start / rate)
-            out.extend(keep_between(found, lo, hi))
+            found = keep_between(found, lo, hi)
+            if gate is not None:
+                found, dropped = gate.check_words(found, piece.samples, rate, piece.start / rate)
+                out.dropped.extend(dropped)
+            out.words.extend(found)
+        advance(sum(share for *_, share in group))
         group.clear()
 
-    lo = -math.inf
+    lo, share_start = -math.inf, 0.0
     for piece in pieces(blocks, seg):
-        width = next(w for w in widths if w >= len(piece.samples))
-        queues[width].append((piece, lo))
-        lo = math.inf if piece.keep_until is None else piece.keep_until
-        if len(queues[width]) == batch:
-            flush(width)
+        hi = math.inf if piece.keep_until is None else piece.keep_until
+        share_end = (piece.start + len(piece.samples)) / rate if hi == math.inf else hi
+        if gate is not None and gate.is_silent(piece.samples, rate):
+            out.skipped_s += share_end - share_start
+            advance(share_end - share_start)
+        else:
+            width = next(w for w in widths if w >= len(piece.samples))
+            queues[width].append((piece, lo, hi, share_end - share_start))
+            if len(queues[width]) == batch:
+                flush(width)
+        lo, share_start = hi, share_end
     for width in widths:
         if queues[width]:
             flush(width)
-    return sorted(out, key=lambda w: w.start)
+    out.words.sort(key=lambda w: w.start)
+    out.dropped.sort(key=lambda d: d.word.start)
+    return out

@@ -1,10 +1,12 @@
 """Transcribe audio files with a trained run: batches of short files on the mesh, long
-files in overlapping windows (`jaxspeech.serving.longform`), word times and confidences."""
+files in overlapping windows (`jaxspeech.serving.longform`), word times, silence left
+undecoded (`longform.SpeechGate`), and a progress line for long files."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TextIO
 
 import jax
 import numpy as np
@@ -16,6 +18,11 @@ from jaxspeech.decoding.lm import TokenWords
 from jaxspeech.parallel import mesh as mesh_lib
 from jaxspeech.runs import loading
 from jaxspeech.serving import longform
+from jaxspeech.serving.progress import FileProgress
+
+# Files at most this long get no progress line: they take seconds, and a batch of short
+# files would fill the screen with finished bars.
+PROGRESS_MIN_S = 60.0
 
 
 def window_decoder(run: loading.Run, config, max_seconds: float) -> longform.WindowDecoder:
@@ -61,9 +68,13 @@ def transcribe_files(
     batch: int,
     emit: Callable[[dict], None],
     min_pause_s: float = 0.25,
+    gate: longform.SpeechGate | None = longform.DEFAULT_GATE,
+    progress: TextIO | None = None,
+    progress_min_s: float = PROGRESS_MIN_S,
 ) -> int:
-    """Transcribe each file, `emit` each result ({"path", "text", "words", "seconds",
-    "decode_seconds"} or {"path", "error"}); returns the number of files that failed."""
+    """Transcribe each file, `emit` each result (see `file_result`, or {"path", "error"});
+    returns the number of files that failed. With a `progress` stream, a file longer than
+    `progress_min_s` (by its header) gets a progress line there (`FileProgress`)."""
     batch = batch_size(batch, run.spec.mesh)
     decode = window_decoder(run, config, window_s)
     words = TokenWords.from_tokenizer(run.tokenizer)
@@ -79,7 +90,13 @@ def transcribe_files(
                 total[0] += len(block)
                 yield block
 
+        bar = None
         try:
+            if progress is not None:
+                total_s = sf.info(path).duration
+                if total_s > progress_min_s:
+                    tty = hasattr(progress, "isatty") and progress.isatty()
+                    bar = FileProgress(path, total_s, progress, tty=tty)
             found = longform.transcribe(
                 counted(longform.read_audio_blocks(path, rate)),
                 decode,
@@ -90,21 +107,35 @@ def transcribe_files(
                 overlap_s=overlap_s,
                 min_pause_s=min_pause_s,
                 batch=batch,
+                gate=gate,
+                progress=None if bar is None else bar.update,
             )
         except (OSError, sf.SoundFileError) as e:  # missing, unreadable or not audio
             failed += 1
             emit({"path": path, "error": f"{type(e).__name__}: {e}"})
             continue
-        emit(
-            {
-                "path": path,
-                "text": " ".join(w.text for w in found),
-                "words": [
-                    {"word": w.text, "start": round(w.start, 3), "end": round(w.end, 3)}
-                    for w in found
-                ],
-                "seconds": round(samples[0] / rate, 3),
-                "decode_seconds": round(time.perf_counter() - t0, 3),
-            }
-        )
+        finally:
+            if bar is not None:
+                bar.close()
+        emit(file_result(path, found, samples[0] / rate, time.perf_counter() - t0))
     return failed
+
+
+def file_result(path: str, found: longform.Transcript, seconds: float, took: float) -> dict:
+    """One file's result: its "text", its "words" with "start" and "end" seconds, its
+    "seconds" of audio and "decode_seconds" of wall time; "skipped_silence_s": seconds
+    not decoded as silence; "dropped_words": the decoded words left out, each with its
+    decoder times and "reason" ("silence" or "too long", `longform.SpeechGate`)."""
+
+    def word(w: longform.Word) -> dict:
+        return {"word": w.text, "start": round(w.start, 3), "end": round(w.end, 3)}
+
+    return {
+        "path": path,
+        "text": " ".join(w.text for w in found.words),
+        "words": [word(w) for w in found.words],
+        "seconds": round(seconds, 3),
+        "decode_seconds": round(took, 3),
+        "skipped_silence_s": round(found.skipped_s, 3),
+        "dropped_words": [dict(word(d.word), reason=d.reason) for d in found.dropped],
+    }

@@ -15,7 +15,6 @@ Files in the run directory:
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Callable
@@ -26,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxspeech import files
 from jaxspeech.data import pipeline as pipeline_lib
 from jaxspeech.metrics import images, perf
 from jaxspeech.parallel import mesh as mesh_lib
@@ -273,7 +273,8 @@ def write_nonfinite_diagnostics(
             rows.append({"row": i, "audio_len": n, "finite": finite, "peak": peak})
     out = os.path.join(workdir, "diagnostics", f"nonfinite-step{step}")
     os.makedirs(out, exist_ok=True)
-    np.savez(os.path.join(out, f"batch_p{jax.process_index()}.npz"), **local)
+    with files.atomic_open(os.path.join(out, f"batch_p{jax.process_index()}.npz"), "wb") as f:
+        np.savez(f, **local)
     if jax.process_index() == 0:
         report = {
             "step": step,
@@ -283,6 +284,5 @@ def write_nonfinite_diagnostics(
             "nonfinite_grads": {k: v for k, v in flat(g_bad).items() if v},
             "suspect_rows_p0": rows,
         }
-        with open(os.path.join(out, "report.json"), "w") as f:
-            json.dump(report, f, indent=1)
+        files.atomic_json(os.path.join(out, "report.json"), report)
     return out

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from flax import nnx
 from ml_collections import ConfigDict
 
+from jaxspeech.losses import attention as attention_losses
 from jaxspeech.losses import distill as distill_losses
 from jaxspeech.parallel import rules
 
@@ -126,6 +127,17 @@ def am_only_weight(loss_cfg: ConfigDict, step: jax.Array, has_ctc: bool) -> jax.
     return 1.0 - transducer_encoder_scale(loss_cfg, step)
 
 
+def combine_parts(parts: dict, loss_cfg: ConfigDict) -> jax.Array:
+    """(B,) per-utterance objective from the heads' (B,) losses: ctc+aed ESPnet's joint
+    ctc_weight * CTC + (1 - ctc_weight) * attention (both over the same token
+    normalizer); ctc+rnnt the transducer's plus ctc_weight * CTC; else the one part."""
+    if "att" in parts:
+        return attention_losses.joint_ctc_attention(parts["ctc"], parts["att"], loss_cfg.ctc_weight)
+    if "ctc" in parts and "rnnt" in parts:
+        return parts["rnnt"] + loss_cfg.ctc_weight * parts["ctc"]
+    return parts.get("rnnt", parts.get("ctc"))
+
+
 def model_losses(
     model: nnx.Module,
     batch: dict,
@@ -144,7 +156,8 @@ def model_losses(
     tokens. Utterances whose loss is infeasible (CTC: more labels than frames allow) or
     not finite get weight 0 and are counted, never averaged in.
     """
-    enc, enc_len = model(batch["audio"], batch["audio_len"], train=True, rngs=nnx.Rngs(key))
+    rngs = nnx.Rngs(key)  # the encoder draws first, then the attention decoder (ctc+aed)
+    enc, enc_len = model(batch["audio"], batch["audio_len"], train=True, rngs=rngs)
     labels, label_len = batch["labels"], batch["label_len"]
     weight = batch["weight"]
     parts, valid = {}, jnp.ones_like(weight, bool)
@@ -174,10 +187,18 @@ def model_losses(
             )
             parts["rnnt"] = parts["rnnt"] + am_w * parts["rnnt_am"]
             valid = valid & am_ok
-    if "ctc" in parts and "rnnt" in parts:
-        total_b = parts["rnnt"] + loss_cfg.ctc_weight * parts["ctc"]
-    else:
-        total_b = parts.get("rnnt", parts.get("ctc"))
+    if getattr(model, "decoder", None) is not None:  # ctc+aed
+        parts["att"], att_ok = model.forward_attention(
+            enc,
+            enc_len,
+            labels,
+            label_len,
+            label_smoothing=loss_cfg.label_smoothing,
+            deterministic=False,
+            rngs=rngs,
+        )
+        valid = valid & att_ok
+    total_b = combine_parts(parts, loss_cfg)
     w = weight * valid
     sums = {
         "utterances": jnp.sum(w),

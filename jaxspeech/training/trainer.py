@@ -20,6 +20,7 @@ import jax
 import numpy as np
 from ml_collections import ConfigDict
 
+from jaxspeech import files
 from jaxspeech.config import build, defaults
 from jaxspeech.config.validate import validate
 from jaxspeech.data import pipeline as pipeline_lib
@@ -34,6 +35,7 @@ from jaxspeech.parallel import mesh as mesh_lib
 from jaxspeech.parallel import rules, sync
 from jaxspeech.runs import assets, events, faults
 from jaxspeech.runs import checkpoint as ckpt_lib
+from jaxspeech.runs import lease as lease_lib
 from jaxspeech.runs.events import log
 from jaxspeech.training import batch as batch_lib
 from jaxspeech.training import flops as flops_lib
@@ -61,9 +63,23 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
         raise UserError(str(e)) from e
     # Models are built outside the mesh context (Flax would read their logical axis names
     # as mesh axes); every jitted function is traced inside it (`jax.set_mesh`), so the
-    # layers' logical-axis constraints apply, by the run's table.
-    with rules.axis_rules(table):
-        return Trainer(config, workdir, mesh).run()
+    # layers' logical-axis constraints apply, by the run's table. The run's lease comes
+    # before anything is written to it: one training job per run directory.
+    timeout = config.train.lease_timeout_s
+    with lease_lib.hold_for_job(workdir, "train", timeout, warn=log) as held:
+        with rules.axis_rules(table):
+            trainer = None
+            try:
+                trainer = Trainer(config, workdir, mesh, held)
+                return trainer.run()
+            except lease_lib.LeaseLost:
+                raise  # the run is another job's now: write nothing more to it
+            except BaseException as e:
+                # A failure while training ends the run's invocation; one refused at
+                # start-up (a config or data mistake) leaves the run's state as it was.
+                if trainer is not None:
+                    events.record_failure(workdir, e)
+                raise
 
 
 class Trainer:
@@ -73,11 +89,11 @@ class Trainer:
     its static parts (optimizer, schedule, strategy, shardings).
     """
 
-    def __init__(self, config: ConfigDict, workdir: str, mesh):
+    def __init__(self, config: ConfigDict, workdir: str, mesh, lease: lease_lib.Lease | None):
         # ---------------------------------------------------------- setup
-        self.config, self.workdir, self.mesh = config, workdir, mesh
+        self.config, self.workdir, self.mesh, self.lease = config, workdir, mesh, lease
         tr = config.train
-        os.makedirs(workdir, exist_ok=True)
+        os.makedirs(workdir, exist_ok=True)  # the lease made it on process 0's file system
         if tr.compile_cache_dir:
             cache = tr.compile_cache_dir.format(workdir=os.path.abspath(workdir))
             jax.config.update("jax_compilation_cache_dir", cache)
@@ -100,8 +116,9 @@ class Trainer:
         self.rng = np.asarray(jax.random.key_data(step_key(config.seed)))
         self.start = self.restore()
         if jax.process_index() == 0:  # after the restore: a refused config must not replace it
-            with open(os.path.join(workdir, "config.json"), "w") as f:
-                f.write(config.to_json_best_effort(indent=1))
+            files.atomic_write(
+                os.path.join(workdir, "config.json"), config.to_json_best_effort(indent=1)
+            )
         self.preemption = ckpt_lib.Preemption()
         self.train_step = step_lib.jit_train_step(
             self.setup,
@@ -291,6 +308,8 @@ class Trainer:
         self.nonfinite_run = self.nonfinite_total = 0
         t_start, result = time.time(), {}
         for step in range(start, stop):
+            if self.lease is not None:
+                self.lease.check()  # taken over by another job: stop before writing more
             done, local, eval_result = self.train_one(step, stop)
             result = eval_result if done == num_steps and eval_result else result
             if self.preemption.reached(done):  # every process, every step

@@ -5,32 +5,20 @@ from the default in some variant; runs saved before a key existed read its defau
 from __future__ import annotations
 
 import ast
-import io
 import pathlib
-import tokenize
 
 import pytest
 from ml_collections import ConfigDict
 
 from configs import conformer, demo
-from jaxspeech.config import build, defaults
+from jaxspeech.config import build, defaults, keys
 from jaxspeech.decoding import search
 from jaxspeech.parallel import rules, sync
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
-DEFAULTS_PY = REPO / "jaxspeech" / "config" / "defaults.py"
+DEFAULTS_PY = keys.DEFAULTS_PY
+flat = keys.flat
 CONFIG_FILES = {"demo": (demo, demo.VARIANTS), "conformer": (conformer, tuple(conformer.SIZES))}
 SHIPPED = [(name, v) for name, (_, variants) in CONFIG_FILES.items() for v in variants]
-
-
-def flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out |= flat(v, f"{prefix}{k}.")
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
 
 
 def shipped(name: str, variant: str) -> ConfigDict:
@@ -40,18 +28,7 @@ def shipped(name: str, variant: str) -> ConfigDict:
 
 def assigned_keys(path: pathlib.Path) -> dict[str, int]:
     """`c.<key> = ...` statements of a config source: dotted key -> line."""
-    out = {}
-    for node in ast.walk(ast.parse(path.read_text())):
-        if not isinstance(node, ast.Assign | ast.AnnAssign):
-            continue
-        for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
-            parts = []
-            while isinstance(target, ast.Attribute):
-                parts.append(target.attr)
-                target = target.value
-            if parts and isinstance(target, ast.Name) and target.id == "c":
-                out[".".join(reversed(parts))] = node.lineno
-    return out
+    return {key: a.line for key, a in keys.assignments(path.read_text()).items()}
 
 
 @pytest.mark.parametrize("name,variant", SHIPPED, ids=[f"{n}:{v}" for n, v in SHIPPED])
@@ -80,33 +57,14 @@ def test_configs_override_only_default_keys_each_to_another_value(name):
         )
 
 
-def _comment_lines(text: str) -> tuple[set[int], set[int]]:
-    """(lines holding only a comment, lines with a comment after code)."""
-    alone, trailing = set(), set()
-    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
-        if tok.type == tokenize.COMMENT:
-            row, col = tok.start
-            line = text.splitlines()[row - 1]
-            (alone if not line[:col].strip() else trailing).add(row)
-    return alone, trailing
-
-
 def test_every_default_key_is_set_once_with_a_comment():
     """Each key is one `c.<key> = ...` line in defaults.py (mesh.rules: one table) with a
-    comment on that line or the comment block right above it."""
-    text = DEFAULTS_PY.read_text()
-    lines = text.splitlines()
-    alone, trailing = _comment_lines(text)
-    assigned = assigned_keys(DEFAULTS_PY)
-    keys = {k for k in flat(defaults.get_config().to_dict()) if not k.startswith("mesh.rules.")}
-    assert keys - set(assigned) == set()
-    uncommented = []
-    for key, line in assigned.items():
-        above = line - 1
-        while above > 0 and not lines[above - 1].strip():
-            above -= 1
-        if line not in trailing and above not in alone:
-            uncommented.append(f"defaults.py:{line} {key}")
+    comment on that line or the comment block right above it: `jaxspeech.config.keys`
+    reads them (`python -m jaxspeech.train --config_help`)."""
+    assigned = keys.assignments(DEFAULTS_PY.read_text())
+    names = {k for k in flat(defaults.get_config().to_dict()) if not k.startswith("mesh.rules.")}
+    assert names - set(assigned) == set()
+    uncommented = [f"defaults.py:{a.line} {key}" for key, a in assigned.items() if not a.comment]
     assert not uncommented, "keys without a comment:\n" + "\n".join(uncommented)
 
 

@@ -45,7 +45,33 @@ MISTAKES = [
         [("data.bucket_boundaries", (3.0, 2.0))],
         "data.bucket_boundaries: bucket boundaries must be positive and ascending",
     ),
+    (
+        [("data.bucket_boundaries", (3.0, 30.0))],
+        "data.bucket_boundaries must not exceed data.batch_seconds=24 (a batch holds at least "
+        "one utterance of each bucket), got a boundary of 30",
+    ),
+    ([("data.eval_bucket_boundaries", (float("nan"),))], "data.eval_bucket_boundaries must hold"),
+    ([("seed", -1)], "seed must be in [0, 9223372036854775805], got -1"),
     ([("features.fmax", 9000.0)], "features.fmax must be above features.fmin=0 and at most"),
+    ([("features.win_length", 600)], "features.win_length must be <= features.n_fft=512, got 600"),
+    (
+        [("features.hop_length", 500)],
+        "features.hop_length must be <= features.win_length=400 (frames would skip audio",
+    ),
+    ([("features.log_floor", float("inf"))], "features.log_floor must be > 0, got inf"),
+    (
+        [("features.num_mel_bins", 6), ("specaug.freq_mask_width", 4)],
+        "features.num_mel_bins must be >= 7 for model.conformer.subsampling_factor=4",
+    ),
+    (
+        [("specaug.freq_mask_width", 81)],
+        "specaug.freq_mask_width must be <= features.num_mel_bins=80, got 81",
+    ),
+    ([("waveform_aug.snr_db", (float("nan"), 20.0))], "waveform_aug.snr_db must hold finite"),
+    (
+        [("waveform_aug.noise_exponents", ())],
+        "waveform_aug.noise_exponents must not be empty when waveform_aug.noise_prob > 0",
+    ),
     ([("specaug.freq_warp", 1.0)], "specaug.freq_warp must be in [0, 1), got 1"),
     ([("waveform_aug.speeds", (0.0,))], "waveform_aug.speeds must be a non-empty tuple"),
     (
@@ -64,12 +90,25 @@ MISTAKES = [
     ([("model.conformer.conv_kernel", 8)], "model.conformer.conv_kernel must be odd"),
     ([("model.conformer.chunk_size", -1)], "model.conformer.chunk_size must be >= 0, got -1"),
     (
+        [("model.conformer.subsampling_factor", 6)],
+        "model.conformer.subsampling_factor: unknown subsampling_factor 6; choose one of 4, 8",
+    ),
+    (
         [("model.encoder", "lstm"), ("model.lstm.lookahead", 2)],
         "model.lstm.lookahead must be 0 with model.lstm.bidirectional=True",
     ),
     (
         [("model.head", "ctc+rnnt"), ("loss.rnnt", "exact")],
         "loss.rnnt: unknown rnnt 'exact'; choose one of pruned, full",
+    ),
+    (
+        [("model.head", "rnnt"), ("loss.prune_range", 1)],
+        "loss.prune_range must be >= 2, got 1",
+    ),
+    (
+        [("model.head", "rnnt"), ("model.transducer.predictor", "lstm")]
+        + [("model.transducer.lstm_layers", 0)],
+        "model.transducer.lstm_layers must be >= 1, got 0",
     ),
     ([("decoding.method", "viterbi")], "decoding.method must be auto or one of"),
     ([("decoding.method", "rnnt_greedy")], "decoding.method 'rnnt_greedy' needs a model"),
@@ -79,6 +118,10 @@ MISTAKES = [
     ),
     ([("decoding.lm_path", "/no/such.arpa")], "decoding.lm_path: no such file '/no/such.arpa'"),
     ([("decoding.beam", 0)], "decoding.beam must be >= 1, got 0"),
+    (
+        [("decoding.lm_path", HERE), ("decoding.lm_weight", -1.0)],
+        "decoding.lm_weight must be >= 0, got -1",
+    ),
     ([("decoding.streaming", True)], "decoding.streaming needs a streaming encoder"),
     ([("scoring.mapping_file", "/no/map.tsv")], "scoring.mapping_file: no such file"),
     ([("optim.decay", "linear")], "optim.decay: unknown decay 'linear'"),
@@ -106,12 +149,30 @@ MISTAKES = [
     ),
     ([("mesh.data", 3)], "needs 3 devices, but 8 are available"),
     ([("mesh.replica", 3)], "cannot use 8 devices"),
-    ([("mesh.data", 0)], "mesh axis sizes must be positive or -1"),
+    ([("mesh.data", 0)], "mesh.data must be -1 or >= 1, got 0"),
+    (
+        [("mesh.fsdp", -1)],
+        "mesh.data and mesh.fsdp are -1 together: at most one mesh axis may take the rest",
+    ),
+    (
+        [("mesh.data", 1), ("mesh.tensor", 3)],
+        "mesh.replica x mesh.data x mesh.fsdp x mesh.tensor = 1 x 1 x 1 x 3 needs 3 devices, "
+        "but 8 are available",
+    ),
+    ([("mesh.rules.embed", "fsdp,fsdp")], "mesh.rules.embed must name each mesh axis once"),
     ([("mesh.rules.embed", "fdsp")], "mesh.rules.embed: unknown mesh axes ['fdsp']"),
     ([("sync.strategy", "ring")], "sync.strategy must be one of"),
     ([("sync.strategy", "hierarchical")], "mesh.replica >= 2"),
     ([("sync.strategy", "gossip"), ("mesh.data", 1), ("mesh.fsdp", -1)], "one learner"),
     ([("sync.strategy", "bmuf"), ("sync.block_steps", 0)], "sync.block_steps must be >= 1"),
+    (
+        [("sync.strategy", "bmuf"), ("sync.block_momentum", 1.0)],
+        "sync.block_momentum must be -1 or in [0, 1), got 1",
+    ),
+    (
+        [("sync.strategy", "gtc"), ("sync.gtc_tau", float("nan"))],
+        "sync.gtc_tau must be >= 0, got nan",
+    ),
 ]
 
 
@@ -148,8 +209,28 @@ def test_unused_settings_are_not_checked():
         ("specaug.enabled", False),
         ("specaug.freq_warp", 2.0),
         ("data.eval_bucket_boundaries", ()),  # () = the training buckets
+        ("decoding.lm_weight", -1.0),  # no LM
+        ("sync.block_steps", 0),  # all-reduce
+        ("sync.gtc_capacity", 0.0),
     )
     assert validate.mistakes(config, devices=8) == []
+
+
+def test_unused_transducer_settings_are_not_checked():
+    """The other predictor's settings, the pruned loss's with the full loss."""
+    config = tiny(
+        ("model.head", "ctc+rnnt"),
+        ("model.transducer.lstm_layers", 0),
+        ("loss.rnnt", "full"),
+        ("loss.prune_range", 1),
+        ("loss.simple_scale", -1.0),
+    )
+    assert validate.mistakes(config, devices=8) == []
+    config.model.transducer.predictor = "lstm"
+    config.model.transducer.context_size = 0
+    assert validate.mistakes(config, devices=8) == [
+        "model.transducer.lstm_layers must be >= 1, got 0"
+    ]
 
 
 def test_keys_outside_the_defaults_and_missing_keys_are_named():

@@ -77,7 +77,7 @@ def test_training_stops_past_the_corrupt_fraction_naming_the_shard(corpus, tmp_p
     )
     assert f"{shard} (1 bad)" in msg and "data_prep.verify" in msg
     names = [ev["event"] for ev in events.read_events(str(workdir))]
-    assert names[-2:] == ["records_skipped", "corpus_damaged"]
+    assert names[-3:] == ["records_skipped", "corpus_damaged", "failed"]
     (line,) = open(workdir / "data_faults" / "p0.jsonl").read().splitlines()
     assert json.loads(line) | {"error": ""} == {
         "step": 1,

@@ -1,0 +1,246 @@
+"""Attention decoder (the `aed` half of `model.head = "ctc+aed"`): a Transformer decoder
+over the encoder's output, trained by teacher forcing (ESPnet's / WeNet's joint CTC-
+attention model).
+
+Pre-LN blocks: causal self-attention over the label prefix, cross-attention to the
+encodings (their padding masked), feed-forward; a final LayerNorm and a projection to
+the vocabulary. Tokens are embedded (scaled by sqrt(D), as ESPnet's) plus absolute
+sinusoidal positions.
+
+Token ids are the tokenizer's. The decoder needs a start and an end symbol: it uses the
+blank id (0) for both (`SOS_EOS = BLANK_ID`), as ESPnet and WeNet share one symbol for
+<sos> and <eos>. The blank is never a target label (the tokenizer never emits it), so it
+is free as the decoder's sentinel; the CTC head keeps it as its blank.
+
+Shapes: B batch, U label positions (the prefix, <sos> included), T encoder frames,
+D decoder width, E encoder width, H heads, K head dim, M feed-forward units, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxspeech.data.tokenizer import BLANK_ID
+from jaxspeech.models.layers import (
+    Dense,
+    Dropout,
+    Dtype,
+    FeedForward,
+    LayerNorm,
+    dense_init,
+    distance_sinusoids,
+    logical_init,
+)
+from jaxspeech.parallel.rules import constrain
+
+SOS_EOS = BLANK_ID  # the decoder's <sos> and <eos> (see the module docstring)
+
+
+def causal_mask(u: int) -> jax.Array:
+    """(U, U) bool: query i may attend key j iff j <= i."""
+    i = jax.lax.broadcasted_iota(jnp.int32, (u, u), 0)
+    return jax.lax.broadcasted_iota(jnp.int32, (u, u), 1) <= i
+
+
+class MultiHeadAttention(nnx.Module):
+    """Scaled dot-product attention of (B, U, D) queries over (B, T, E) keys/values.
+
+    Self-attention when the memory is the queries' own input (E = D), cross-attention
+    to the encodings otherwise. No biases, as the Conformer's attention.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        memory_dim: int,
+        num_heads: int,
+        dropout: float,
+        *,
+        dtype: Dtype,
+        rngs: nnx.Rngs,
+    ):
+        if dim % num_heads:
+            raise ValueError(f"decoder dim {dim} is not divisible by num_heads {num_heads}")
+        k = dim // num_heads
+        init = logical_init(dense_init(), ("embed", "heads", "kv"))
+        self.wq = nnx.Param(init(rngs.params(), (dim, num_heads, k)))
+        self.wk = nnx.Param(init(rngs.params(), (memory_dim, num_heads, k)))
+        self.wv = nnx.Param(init(rngs.params(), (memory_dim, num_heads, k)))
+        self.wo = nnx.Param(
+            logical_init(dense_init(2), ("heads", "kv", "embed"))(
+                rngs.params(), (num_heads, k, dim)
+            )
+        )
+        self.dropout = Dropout(dropout)
+        self.dtype = dtype
+
+    def __call__(
+        self,
+        x_bud: jax.Array,
+        memory_bte: jax.Array,
+        mask: jax.Array,
+        *,
+        deterministic: bool,
+        rngs: nnx.Rngs | None,
+    ) -> jax.Array:
+        """(B, U, D) queries, (B, T, E) memory, mask (B, U, T) or (B, 1, T) of the keys each
+        query may see -> (B, U, D). A query that sees no key gets the values' mean (finite)."""
+        dt = self.dtype
+        q = jnp.einsum("bud,dhk->buhk", x_bud.astype(dt), self.wq[...].astype(dt))
+        k = jnp.einsum("bte,ehk->bthk", memory_bte.astype(dt), self.wk[...].astype(dt))
+        v = jnp.einsum("bte,ehk->bthk", memory_bte.astype(dt), self.wv[...].astype(dt))
+        q, k, v = (constrain(a, ("batch", "time", "heads", "kv")) for a in (q, k, v))
+        scores = jnp.einsum("buhk,bthk->bhut", q, k).astype(jnp.float32) / math.sqrt(q.shape[-1])
+        scores = jnp.where(mask[:, None], scores, -1e9)
+        probs = jax.nn.softmax(scores, axis=-1).astype(dt)
+        probs = self.dropout(probs, deterministic=deterministic, rngs=rngs)
+        ctx = jnp.einsum("bhut,bthk->buhk", probs, v)
+        out = jnp.einsum("buhk,hkd->bud", ctx, self.wo[...].astype(dt))
+        return self.dropout(out, deterministic=deterministic, rngs=rngs)
+
+
+class DecoderBlock(nnx.Module):
+    """x + SelfAttn(LN(x)); x + CrossAttn(LN(x), enc); x + FFN(x) (the FFN has its own LN)."""
+
+    def __init__(
+        self,
+        dim: int,
+        enc_dim: int,
+        num_heads: int,
+        ff_mult: int,
+        dropout: float,
+        *,
+        dtype: Dtype,
+        rngs: nnx.Rngs,
+    ):
+        self.self_norm = LayerNorm(dim, dtype=dtype, rngs=rngs)
+        self.self_attn = MultiHeadAttention(dim, dim, num_heads, dropout, dtype=dtype, rngs=rngs)
+        self.cross_norm = LayerNorm(dim, dtype=dtype, rngs=rngs)
+        self.cross_attn = MultiHeadAttention(
+            dim, enc_dim, num_heads, dropout, dtype=dtype, rngs=rngs
+        )
+        self.ff = FeedForward(dim, ff_mult * dim, dropout, dtype=dtype, rngs=rngs)
+
+    def __call__(
+        self,
+        x_bud: jax.Array,
+        enc_bte: jax.Array,
+        self_mask_buu: jax.Array,
+        enc_mask_b1t: jax.Array,
+        *,
+        deterministic: bool,
+        rngs: nnx.Rngs | None,
+    ) -> jax.Array:
+        kw = dict(deterministic=deterministic, rngs=rngs)
+        h = self.self_norm(x_bud)
+        x = x_bud + self.self_attn(h, h, self_mask_buu, **kw)
+        x = x + self.cross_attn(self.cross_norm(x), enc_bte, enc_mask_b1t, **kw)
+        x = x + self.ff(x, **kw)
+        return constrain(x, ("batch", "time", "embed"))
+
+
+class AttentionDecoder(nnx.Module):
+    """(B, U) token prefixes and (B, T, E) encodings -> (B, U, V) next-token logits."""
+
+    def __init__(
+        self,
+        *,
+        vocab_size: int,
+        enc_dim: int,
+        dim: int = 256,
+        num_layers: int = 6,
+        num_heads: int = 4,
+        ff_mult: int = 4,
+        dropout: float = 0.1,
+        scan_layers: bool = False,
+        dtype: Dtype = jnp.float32,
+        rngs: nnx.Rngs,
+    ):
+        if num_layers < 1:
+            raise ValueError(f"decoder num_layers must be >= 1, got {num_layers}")
+        self.embed = nnx.Param(
+            logical_init(nnx.initializers.normal(1.0), ("vocab", "embed"))(
+                rngs.params(), (vocab_size, dim)
+            )
+        )
+        self.dropout = Dropout(dropout)
+        make = lambda r: DecoderBlock(  # noqa: E731
+            dim, enc_dim, num_heads, ff_mult, dropout, dtype=dtype, rngs=r
+        )
+        if scan_layers:
+            # As the Conformer's: one block with parameters stacked on a layer axis.
+            stacked = nnx.vmap(
+                make, in_axes=0, out_axes=0, transform_metadata={nnx.PARTITION_NAME: None}
+            )
+            self.blocks = nnx.split_rngs(splits=num_layers)(stacked)(rngs)
+        else:
+            self.blocks = nnx.List([make(rngs) for _ in range(num_layers)])
+        self.norm = LayerNorm(dim, dtype=dtype, rngs=rngs)
+        self.out = Dense(dim, vocab_size, ("embed", "vocab"), dtype=dtype, rngs=rngs)
+        self.dim, self.num_layers, self.scan_layers = dim, num_layers, scan_layers
+        self.dtype = dtype
+
+    def embed_tokens(self, tokens_bu: jax.Array) -> jax.Array:
+        """(B, U) ids -> (B, U, D): embedding * sqrt(D) + sinusoid of the position."""
+        pos = distance_sinusoids(jnp.arange(tokens_bu.shape[1]), self.dim)
+        x = jnp.take(self.embed[...], tokens_bu, axis=0) * math.sqrt(self.dim) + pos[None]
+        return constrain(x.astype(self.dtype), ("batch", "time", "embed"))
+
+    def __call__(
+        self,
+        tokens_bu: jax.Array,
+        enc_bte: jax.Array,
+        enc_len_b: jax.Array,
+        *,
+        deterministic: bool = True,
+        rngs: nnx.Rngs | None = None,
+    ) -> jax.Array:
+        """(B, U) prefixes (<sos> first), (B, T, E) encodings with (B,) valid frames ->
+        (B, U, V) float32 logits: row u predicts the token after prefix[:u + 1].
+
+        The self-attention is causal, so a position never sees later (padded) tokens and
+        a row's logits do not depend on the label padding; padded frames are masked."""
+        x = self.dropout(self.embed_tokens(tokens_bu), deterministic=deterministic, rngs=rngs)
+        self_mask = causal_mask(tokens_bu.shape[1])[None]  # (1, U, U)
+        t = enc_bte.shape[1]
+        enc_mask = (jax.lax.broadcasted_iota(jnp.int32, (1, t), 1) < enc_len_b[:, None])[:, None]
+
+        def body(x, block, rngs):
+            return block(x, enc_bte, self_mask, enc_mask, deterministic=deterministic, rngs=rngs)
+
+        if not self.scan_layers:
+            for block in self.blocks:
+                x = body(x, block, rngs)
+        elif rngs is None or deterministic:
+            scan = nnx.scan(
+                lambda x, b: body(x, b, None), in_axes=(nnx.Carry, 0), out_axes=nnx.Carry
+            )
+            x = scan(x, self.blocks)
+        else:  # each layer draws its dropout masks from its own split of the streams
+            scan = nnx.split_rngs(splits=self.num_layers)(
+                nnx.scan(body, in_axes=(nnx.Carry, 0, 0), out_axes=nnx.Carry)
+            )
+            x = scan(x, self.blocks, rngs)
+        logits = self.out(self.norm(x)).astype(jnp.float32)
+        return constrain(logits, ("batch", "time", "vocab"))
+
+
+def teacher_forcing(
+    labels_bu: jax.Array, label_len_b: jax.Array, *, sos_eos: int = SOS_EOS
+) -> tuple[jax.Array, jax.Array]:
+    """(B, U) labels with (B,) counts -> (B, U + 1) decoder inputs [sos, y_1 .. y_n, pad]
+    and (B, U + 1) targets [y_1 .. y_n, eos, pad] (pad = sos_eos; masked by the loss at
+    positions > label_len). U is the batch's label padding, one of the buckets' fixed
+    widths, so U + 1 takes as few values as the buckets do: no new compiled shapes."""
+    b, u = labels_bu.shape
+    sentinel = jnp.full((b, 1), sos_eos, labels_bu.dtype)
+    inputs = jnp.concatenate([sentinel, labels_bu], axis=1)
+    pos = jax.lax.broadcasted_iota(jnp.int32, (b, u + 1), 1)
+    targets = jnp.concatenate([labels_bu, sentinel], axis=1)
+    targets = jnp.where(pos < label_len_b[:, None], targets, sos_eos)  # eos at label_len
+    inputs = jnp.where(pos <= label_len_b[:, None], inputs, sos_eos)
+    return inputs, targets
