@@ -14,7 +14,7 @@ from flax import nnx
 from ml_collections import ConfigDict
 
 from configs import conformer, demo
-from jaxspeech.config import build
+from jaxspeech.config import build, keys
 from jaxspeech.decoding import search
 
 
@@ -155,16 +155,6 @@ VARIANT_CHANGES = {
 DECODING = {"ctc": "ctc_greedy", "rnnt": "rnnt_greedy", "ctc+rnnt": "rnnt_greedy"}
 
 
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out |= _flat(v, f"{prefix}{k}.")
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 @pytest.mark.parametrize("variant", demo.VARIANTS)
 def test_demo_variants_build(variant):
     """Every variant builds exactly the architecture's model; its decoder matches its head."""
@@ -173,7 +163,7 @@ def test_demo_variants_build(variant):
     method = search.decoding_method(config)
     assert method in search.DECODERS and method == DECODING[config.model.head]
     if variant in VARIANT_CHANGES:
-        base, this = _flat(demo.get_config().to_dict()), _flat(config.to_dict())
+        base, this = keys.flat(demo.get_config().to_dict()), keys.flat(config.to_dict())
         assert {k: v for k, v in this.items() if base[k] != v} == VARIANT_CHANGES[variant]
 
 

@@ -28,6 +28,7 @@ from jaxspeech.models.layers import (
     FeedForward,
     LayerNorm,
     RelPositionAttention,
+    layer_stack,
 )
 from jaxspeech.models.subsampling import Conv2dSubsampling, subsampled_length
 from jaxspeech.parallel.rules import constrain
@@ -204,15 +205,7 @@ class ConformerEncoder(nnx.Module):
         make = lambda r: ConformerBlock(
             dim, num_heads, ff_mult, conv_kernel, dropout, causal=causal, dtype=dtype, rngs=r
         )
-        if scan_layers:
-            # One block with every parameter stacked on a leading (unsharded) layer axis:
-            # XLA compiles the block once instead of num_layers times.
-            stacked = nnx.vmap(
-                make, in_axes=0, out_axes=0, transform_metadata={nnx.PARTITION_NAME: None}
-            )
-            self.blocks = nnx.split_rngs(splits=num_layers)(stacked)(rngs)
-        else:
-            self.blocks = nnx.List([make(rngs) for _ in range(num_layers)])
+        self.blocks = layer_stack(make, num_layers, scan_layers, rngs)
 
     def __call__(
         self,

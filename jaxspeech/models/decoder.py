@@ -33,6 +33,7 @@ from jaxspeech.models.layers import (
     LayerNorm,
     dense_init,
     distance_sinusoids,
+    layer_stack,
     logical_init,
 )
 from jaxspeech.parallel.rules import constrain
@@ -171,14 +172,7 @@ class AttentionDecoder(nnx.Module):
         make = lambda r: DecoderBlock(  # noqa: E731
             dim, enc_dim, num_heads, ff_mult, dropout, dtype=dtype, rngs=r
         )
-        if scan_layers:
-            # As the Conformer's: one block with parameters stacked on a layer axis.
-            stacked = nnx.vmap(
-                make, in_axes=0, out_axes=0, transform_metadata={nnx.PARTITION_NAME: None}
-            )
-            self.blocks = nnx.split_rngs(splits=num_layers)(stacked)(rngs)
-        else:
-            self.blocks = nnx.List([make(rngs) for _ in range(num_layers)])
+        self.blocks = layer_stack(make, num_layers, scan_layers, rngs)
         self.norm = LayerNorm(dim, dtype=dtype, rngs=rngs)
         self.out = Dense(dim, vocab_size, ("embed", "vocab"), dtype=dtype, rngs=rngs)
         self.dim, self.num_layers, self.scan_layers = dim, num_layers, scan_layers

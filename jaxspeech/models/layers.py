@@ -33,6 +33,18 @@ def dense_init(fan_in_axes: int = 1) -> Callable:
     )
 
 
+def layer_stack(make: Callable, num_layers: int, scan: bool, rngs: nnx.Rngs):
+    """`num_layers` blocks `make(rngs)`: with `scan`, one block whose every parameter is
+    stacked on a leading (unsharded) layer axis, run by `nnx.scan`, so XLA compiles the
+    block once instead of num_layers times; else an `nnx.List` of separate blocks."""
+    if scan:
+        stacked = nnx.vmap(
+            make, in_axes=0, out_axes=0, transform_metadata={nnx.PARTITION_NAME: None}
+        )
+        return nnx.split_rngs(splits=num_layers)(stacked)(rngs)
+    return nnx.List([make(rngs) for _ in range(num_layers)])
+
+
 class Dropout(nnx.Dropout):
     """nnx.Dropout that returns its input untouched when deterministic, without calling
     nnx.Dropout at all: inference traces no dropout (jax2onnx replaces nnx.Dropout.__call__
