@@ -256,12 +256,35 @@ def define_decoding_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
         flag_values=fv,
     )
     flags.DEFINE_integer(
-        "beam", None, "Beam size of ctc_beam / rnnt_beam (default: the run's).", flag_values=fv
+        "beam",
+        None,
+        "Beam size of ctc_beam / rnnt_beam / aed_beam / aed_rescore (default: the run's).",
+        flag_values=fv,
+    )
+    flags.DEFINE_float(
+        "ctc_weight",
+        None,
+        "aed_beam / aed_rescore: the CTC score's weight beside the attention decoder's "
+        "(-1: 0.3 with a CTC head, 0 without; default: the run's decoding.ctc_weight).",
+        flag_values=fv,
+    )
+    flags.DEFINE_bool(
+        "length_norm",
+        None,
+        "aed_beam: rank ended hypotheses by score / (labels + 1) (default: the run's).",
+        flag_values=fv,
+    )
+    flags.DEFINE_float(
+        "eos_threshold",
+        None,
+        "aed_beam: <eos> only where its log-prob >= this x the best other label's; 0 = "
+        "always (default: the run's decoding.eos_threshold).",
+        flag_values=fv,
     )
     flags.DEFINE_string(
         "lm",
         None,
-        "ARPA/KenLM n-gram LM fused into ctc_beam / rnnt_beam (python -m data_prep.lm); "
+        "ARPA/KenLM n-gram LM fused into the beam searches (python -m data_prep.lm); "
         "'' for none (default: the run's decoding.lm_path).",
         flag_values=fv,
     )
@@ -299,4 +322,7 @@ def decoding_overrides(fv: flags.FlagValues = flags.FLAGS) -> dict:
         "word_bonus": fv.word_bonus,
         "streaming": fv.streaming,
         "chunk_size": fv.chunk_size,
+        "ctc_weight": fv.ctc_weight,
+        "length_norm": fv.length_norm,
+        "eos_threshold": fv.eos_threshold,
     }

@@ -21,6 +21,7 @@ import numpy as np
 from configs import demo
 from jaxspeech.audio import features
 from jaxspeech.config import build
+from jaxspeech.decoding import attention_device
 from jaxspeech.decoding import ctc as ctc_decoding
 from jaxspeech.decoding import rnnt as rnnt_decoding
 from jaxspeech.metrics import wer as wer_lib
@@ -84,13 +85,14 @@ def guard_config(head: str = "ctc", encoder: str = "conformer", steps: int = 40)
 @dataclasses.dataclass
 class Learned:
     """What a guard run measured: each loss part's mean over the first and last 5 steps,
-    the greedy transcripts of the training utterances and their label error rate."""
+    the transcripts of the training utterances by each of the model's searches
+    (`decode`), and their label error rates."""
 
     first: dict
     last: dict
-    hyps: list
+    hyps: dict  # search -> transcripts
     refs: list
-    error_rate: float
+    error_rates: dict  # search -> label error rate
 
 
 def train(config, batch: dict, mesh=None) -> Learned:
@@ -118,26 +120,53 @@ def train(config, batch: dict, mesh=None) -> Learned:
                 history.append({k: float(v) for k, v in m.items() if k.startswith("loss_")})
             hyps = decode(setup, state, batch)
     refs = [list(r[:n]) for r, n in zip(batch["labels"], batch["label_len"])]
-    errors = sum(wer_lib.edit_distance(r, h) for r, h in zip(refs, hyps))
+    rates = {
+        k: sum(wer_lib.edit_distance(r, h) for r, h in zip(refs, v)) / sum(map(len, refs))
+        for k, v in hyps.items()
+    }
     mean = lambda rows: {k: float(np.mean([r[k] for r in rows])) for k in rows[0]}  # noqa: E731
-    return Learned(mean(history[:5]), mean(history[-5:]), hyps, refs, errors / sum(map(len, refs)))
+    return Learned(mean(history[:5]), mean(history[-5:]), hyps, refs, rates)
 
 
 def decode(
     setup: state_lib.TrainSetup, state: state_lib.TrainState, batch: dict
-) -> list[list[int]]:
-    """Greedy transcripts of the batch's rows by the run's model (the learners' mean under
-    gossip): RNN-T greedy search when the model has a transducer, else CTC."""
+) -> dict[str, list[list[int]]]:
+    """Transcripts of the batch's rows by the run's model (the learners' mean under
+    gossip), per search: RNN-T greedy with a transducer, CTC greedy with a CTC head, and
+    with an attention decoder its beam search (joint with CTC where there is CTC) and,
+    with CTC, attention rescoring (beam 4, the defaults of config.decoding)."""
     from flax import nnx
 
     params = setup.model_params(state)
     model = nnx.merge(setup.spec.graphdef, params, state.model_vars)
     enc, lengths = model(jnp.asarray(batch["audio"]), jnp.asarray(batch["audio_len"]))
-    if model.transducer is None:
+    out = {}
+    if model.transducer is not None:
+        pred_init, pred_step, joint = model.transducer.decoder_fns()
+        tokens, num = rnnt_decoding.rnnt_greedy(
+            model.transducer.joiner.enc_proj(enc), lengths, pred_init, pred_step, joint, blank_id=0
+        )[:2]
+        out["rnnt_greedy"] = rnnt_decoding.to_lists(tokens, num)
+    if model.ctc is not None:
         ids = ctc_decoding.greedy_ids(model.ctc_logits(enc))
-        return [y for y, _ in ctc_decoding.collapse_with_frames(ids, lengths, 0)]
-    pred_init, pred_step, joint = model.transducer.decoder_fns()
-    tokens, num = rnnt_decoding.rnnt_greedy(
-        model.transducer.joiner.enc_proj(enc), lengths, pred_init, pred_step, joint, blank_id=0
-    )[:2]
-    return rnnt_decoding.to_lists(tokens, num)
+        out["ctc_greedy"] = [y for y, _ in ctc_decoding.collapse_with_frames(ids, lengths, 0)]
+    if model.decoder is not None:
+        host = {"enc": np.asarray(enc, np.float32), "lengths": np.asarray(lengths)}
+        if model.ctc is not None:
+            host["logprobs"] = np.asarray(jax.nn.log_softmax(model.ctc_logits(enc)))
+        device = attention_device.DecoderOnDevice(setup.spec.graphdef, params, state.model_vars)
+        opts = attention_device.options_from_config(default_decoding(), model.ctc is not None)
+        methods = ("aed_beam", "aed_rescore") if model.ctc is not None else ("aed_beam",)
+        for method in methods:
+            search = attention_device.AttentionSearch(
+                method, device, opts, blank_id=0, fusion=None, with_frames=False
+            )
+            out[method] = search(host)
+    return out
+
+
+def default_decoding():
+    """config.decoding at its defaults."""
+    from jaxspeech.config import defaults
+
+    return defaults.get_config().decoding

@@ -35,7 +35,7 @@ from jaxspeech.models import asr
 from jaxspeech.models.conformer import REMAT_POLICIES, ConformerEncoder
 from jaxspeech.models.lstm import LSTMEncoder
 from jaxspeech.models.transducer import PREDICTORS, Transducer
-from jaxspeech.parallel import sync
+from jaxspeech.parallel import pipeline, sync
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 DEMO = str(REPO / "configs" / "demo.py")
@@ -78,6 +78,7 @@ STR_CHOICES = {
     "sync.gtc_values": sync.GTC_VALUES,
     "distill.loss": distill_losses.LOSS_KINDS,
     "distill.rest": distill_losses.REST_MODES,
+    "pipeline.schedule": pipeline.SCHEDULES,
 }
 
 
@@ -170,25 +171,27 @@ def readme_refs() -> dict[str, list]:
 
 
 def test_readme_walk_finds_every_reference():
-    """Counted by hand in README.md: 19 settings with a value (12 as `--config.` flags: num_steps,
+    """Counted by hand in README.md: 22 settings with a value (14 as `--config.` flags: num_steps,
     num_layers, fsdp, run_steps, init_from, log_batch_ids, features.kind, model.head=ctc+aed,
-    and the student's train_split, distill.other_split, distill.targets, distill.schedule; 7 in
-    prose:
+    mesh.stage, conformer.scan_layers, and the student's train_split, distill.other_split,
+    distill.targets, distill.schedule; 8 in prose:
     loader_shards, dtype, grad_accum, remat, eval_split, distill.other_dir,
-    features.deltas), 43 without one
+    features.deltas, pipeline.schedule), 48 without one
     (batch_seconds, waveform_aug, specaug, seed, mesh.{...}, mesh.rules, mesh.rules.embed
     (set empty), count_flops, peak_tflops, encoder, conformer.*, lstm.*, head, ctc_weight,
     rnnt, method, the five scoring keys, lm_path, lm_weight, word_bonus, streaming,
     sync.strategy, distill, distill.other_split, distill.schedule, features twice,
     features.{kind, num_mel_bins, num_ceps, lifter, deltas}, model.decoder.* and
-    model.decoder.{...}, label_smoothing, ctc_weight again), the syntax
+    model.decoder.{...}, label_smoothing, ctc_weight again, the attention searches'
+    decoding.{...}, decoding.method and decoding.ctc_weight, pipeline.{...} and
+    pipeline.microbatches), the syntax
     `--config.KEY=VALUE`
     and RUN/config.json twice. Pinned, so a regex that stops matching cannot leave the
     tests below with nothing to check; after editing the README's options, recount and
     update."""
     refs = readme_refs()
     counts = {kind: len(found) for kind, found in refs.items()}
-    assert counts == {"override": 19, "reference": 43, "syntax": 1, "file": 2}, refs
+    assert counts == {"override": 22, "reference": 48, "syntax": 1, "file": 2}, refs
     assert "model.conformer.remat" in dict(refs["override"])  # the issue's example
 
 
@@ -238,6 +241,9 @@ WIRED = {
     "lstm": {"num_features", "dtype", "rngs"},
     "transducer": {"enc_dim", "vocab_size", "dtype", "rngs"},
 }
+# Arguments built from another config section: the Conformer's pipeline settings come from
+# config.pipeline (jaxspeech/config/build.py: pipeline_kwargs), not model.conformer.
+FROM_PIPELINE = {"conformer": {"pipeline_microbatches", "pipeline_repeats"}}
 # Not passed by anyone and not a key: the blank is the tokenizer's id 0, which the losses
 # and decoders take from the tokenizer; a config value could only disagree with them.
 FIXED = {"transducer": {"blank_id"}}
@@ -260,7 +266,10 @@ def _keyword_params(fn) -> set[str]:
 
 COMPONENTS = {
     # name: (config sub-dict, its keys the constructor must take as keyword arguments)
-    "conformer": ("model.conformer", _keyword_params(ConformerEncoder) - WIRED["conformer"]),
+    "conformer": (
+        "model.conformer",
+        _keyword_params(ConformerEncoder) - WIRED["conformer"] - FROM_PIPELINE["conformer"],
+    ),
     "lstm": ("model.lstm", _keyword_params(LSTMEncoder) - WIRED["lstm"]),
     "transducer": (
         "model.transducer",
@@ -329,7 +338,8 @@ def test_wiring_supplies_exactly_the_excluded_arguments(monkeypatch):
         config = parse(TINY, *SELECT[component])
         _, calls = _build(config, monkeypatch)
         section = get(config, COMPONENTS[component][0])
-        assert set(calls[component]) - set(section) == WIRED[component], component
+        from_elsewhere = WIRED[component] | FROM_PIPELINE.get(component, set())
+        assert set(calls[component]) - set(section) == from_elsewhere, component
         assert set(section) <= set(calls[component]), component  # every key is passed on
     assert _signature(Transducer).parameters["blank_id"].default == tokenizer.BLANK_ID
 

@@ -89,6 +89,19 @@ def expected_params(config: ConfigDict, vocab: int) -> int:
         joiner = _dense(d, j) + _dense(p, j) + _dense(j, vocab)  # enc_proj, pred_proj, out
         simple = _dense(d, vocab) + _dense(p, vocab)  # the pruned loss's linear joiner
         total += predictor + joiner + simple
+    if "aed" in heads:  # the attention decoder: bias-free attention, as the encoder's
+        dec = m.decoder
+        k, ff = dec.dim, dec.ff_mult * dec.dim
+        block = (
+            2 * _norm(k)  # before self- and cross-attention
+            + 4 * k * k  # self-attention q, k, v, o
+            + 2 * k * k
+            + 2 * d * k  # cross-attention q, o; k, v read the encodings
+            + _norm(k)
+            + _dense(k, ff)
+            + _dense(ff, k)  # feed-forward with its own norm
+        )
+        total += vocab * k + dec.num_layers * block + _norm(k) + _dense(k, vocab)
     return total
 
 
@@ -151,8 +164,22 @@ VARIANT_CHANGES = {
     "long": {"train.num_steps": 1800},  # "1,800 steps of the same recipe"
     "rnnt": {"model.head": "rnnt"},  # "the transducer alone"
     "ctc_rnnt": {"model.head": "ctc+rnnt"},  # "the same encoder with a transducer ..."
+    "ctc_aed": {  # "hybrid CTC/attention ... 1,250 steps take the time of the default's"
+        "model.head": "ctc+aed",
+        "loss.ctc_weight": 0.5,
+        "model.decoder.dim": 144,
+        "model.decoder.num_layers": 3,
+        "model.decoder.dropout": 0.0,
+        "decoding.method": "aed_beam",
+        "train.num_steps": 1250,
+    },
 }
-DECODING = {"ctc": "ctc_greedy", "rnnt": "rnnt_greedy", "ctc+rnnt": "rnnt_greedy"}
+DECODING = {
+    "ctc": "ctc_greedy",
+    "rnnt": "rnnt_greedy",
+    "ctc+rnnt": "rnnt_greedy",
+    "ctc+aed": "aed_beam",  # set by the variant (auto would be CTC's greedy search)
+}
 
 
 @pytest.mark.parametrize("variant", demo.VARIANTS)

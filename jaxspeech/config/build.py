@@ -62,7 +62,7 @@ def model_arguments(config: ConfigDict, vocab_size: int) -> dict:
         specaug = {k: v for k, v in config.specaug.to_dict().items() if k != "enabled"}
     return {
         "encoder": m.encoder,
-        "encoder_kwargs": m[m.encoder].to_dict(),
+        "encoder_kwargs": m[m.encoder].to_dict() | pipeline_kwargs(config),
         "head": m.head,
         "transducer_kwargs": m.transducer.to_dict() if "rnnt" in m.head else None,
         "decoder_kwargs": m.decoder.to_dict() if "aed" in m.head.split("+") else None,
@@ -71,6 +71,25 @@ def model_arguments(config: ConfigDict, vocab_size: int) -> dict:
         "specaug": specaug,
         "dtype": m.dtype,
     }
+
+
+def pipeline_kwargs(config: ConfigDict) -> dict:
+    """The Conformer's pipeline settings (`config.pipeline`; none for the LSTM, or for a
+    run whose config predates them: the defaults, which change nothing on a mesh
+    without a stage axis)."""
+    if config.model.encoder != "conformer":
+        return {}
+    p = defaults.lookup(config, "pipeline")
+    repeats = int(p["repeats"]) if p["schedule"] == "circular" else 1
+    return {"pipeline_microbatches": int(p["microbatches"]), "pipeline_repeats": repeats}
+
+
+def pipeline_rows(config: ConfigDict, mesh: Mesh) -> int:
+    """The factor a training batch's rows need for the pipeline: its microbatches on a
+    mesh with a stage axis > 1 (every microbatch keeps the whole data sharding), else 1."""
+    if dict(mesh.shape).get("stage", 1) <= 1:
+        return 1
+    return int(defaults.lookup(config, "pipeline.microbatches"))
 
 
 def make_model(config: ConfigDict, vocab_size: int, seed: int) -> nnx.Module:
@@ -147,7 +166,8 @@ def train_bucket_spec(config: ConfigDict, mesh: Mesh) -> pipeline_lib.BucketSpec
             f"the {jax.process_count()} processes"
         )
     multiple_of = math.lcm(
-        mesh_lib.num_batch_shards(mesh) * grad_accum, loader_shards or jax.process_count()
+        mesh_lib.num_batch_shards(mesh) * grad_accum * pipeline_rows(config, mesh),
+        loader_shards or jax.process_count(),
     )
     return pipeline_lib.make_bucket_spec(
         config.data.bucket_boundaries,

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 
 from ml_collections import ConfigDict
 
-from jaxspeech.decoding import search
+from jaxspeech.decoding import attention, search
 from jaxspeech.parallel import rules, sync
 
 
@@ -43,6 +43,7 @@ def get_config() -> ConfigDict:
     _train(c)
     _monitor(c)
     _mesh(c)
+    _pipeline(c)
     _sync(c)
     return c
 
@@ -233,10 +234,10 @@ def _loss(c: ConfigDict) -> None:
 
 def _decoding(c: ConfigDict) -> None:
     c.decoding = ConfigDict()  # evaluation's decoder (in-loop and standalone)
-    # ctc_greedy | ctc_beam | rnnt_greedy | rnnt_beam; "auto": the head's greedy decoder
-    # (RNN-T when there is one).
+    # ctc_greedy | ctc_beam | rnnt_greedy | rnnt_beam | aed_beam | aed_rescore; "auto": the
+    # head's greedy decoder (RNN-T when there is one; CTC's for ctc+aed; aed_beam for aed).
     c.decoding.method = "auto"
-    c.decoding.beam = 4  # hypotheses kept by ctc_beam / rnnt_beam
+    c.decoding.beam = 4  # hypotheses kept by ctc_beam / rnnt_beam / aed_beam / aed_rescore
     c.decoding.max_symbols_per_frame = 3  # RNN-T greedy
     # Shallow fusion of a word n-gram LM (ARPA/KenLM file, `python -m data_prep.lm`) in
     # ctc_beam and rnnt_beam: score + lm_weight * ln P_lm(words) + word_bonus * words
@@ -244,6 +245,18 @@ def _decoding(c: ConfigDict) -> None:
     c.decoding.lm_path = ""
     c.decoding.lm_weight = search.LM_WEIGHT  # the LM's weight (value: decoding.search)
     c.decoding.word_bonus = search.WORD_BONUS  # score per word (value: decoding.search)
+    # The attention searches (jaxspeech.decoding.attention): aed_beam ranks hypotheses by
+    # (1 - w) * attention + w * CTC prefix score (+ the LM), aed_rescore a CTC n-best by
+    # (1 - w) * attention + w * CTC; w = ctc_weight, -1: 0.3 with a CTC head (ESPnet's), 0
+    # without (model.head=aed, where w > 0 is an error).
+    c.decoding.ctc_weight = -1.0
+    c.decoding.length_norm = True  # aed_beam: rank ended hypotheses by score / (labels + 1)
+    # aed_beam: <eos> may end a hypothesis only if its log-prob >= eos_threshold x the best
+    # other label's (Chiu et al. 2018); 0 = always.
+    c.decoding.eos_threshold = attention.EOS_THRESHOLD
+    # aed_beam: at most ceil(max_len_ratio x frames) labels; 0 = up to the frame count, with
+    # ESPnet's end detection (stop once newly ended hypotheses are far behind the best).
+    c.decoding.max_len_ratio = 0.0
     # Decode a streaming Conformer chunk by chunk through its stream functions (equal to
     # the masked full pass; what a streaming server runs) instead of in one pass.
     c.decoding.streaming = False
@@ -342,11 +355,13 @@ def _monitor(c: ConfigDict) -> None:
 
 def _mesh(c: ConfigDict) -> None:
     c.mesh = ConfigDict()  # the device mesh and how arrays are laid out on it
-    # Sizes of (replica, data, fsdp, tensor); -1 = the rest of the devices. `replica`:
-    # groups of whole hosts (or TPU slices) joined by slow links; only the gradient
-    # all-reduce crosses them. Parameters and optimizer state shard over `fsdp`;
-    # attention heads, feed-forward units and the vocabulary over `tensor`.
+    # Sizes of (replica, stage, data, fsdp, tensor); -1 = the rest of the devices.
+    # `replica`: groups of whole hosts (or TPU slices) joined by slow links; only the
+    # gradient all-reduce crosses them. `stage`: pipeline stages over the Conformer's layer
+    # stack (`pipeline.*`). Parameters and optimizer state shard over `fsdp`; attention
+    # heads, feed-forward units and the vocabulary over `tensor`.
     c.mesh.replica = 1
+    c.mesh.stage = 1  # no pipeline
     c.mesh.data = -1  # plain data parallelism over every device
     c.mesh.fsdp = 1  # no parameter sharding: a small model fits every device
     c.mesh.tensor = 1  # no tensor parallelism
@@ -355,6 +370,19 @@ def _mesh(c: ConfigDict) -> None:
     # a new parallelism layout is a new table here, not a model change.
     # E.g. --config.mesh.rules.embed= keeps parameters whole on a data+fsdp mesh.
     c.mesh.rules = ConfigDict(rules.rules_to_config())
+
+
+def _pipeline(c: ConfigDict) -> None:
+    # With mesh.stage > 1 (jaxspeech.parallel.pipeline): the Conformer's scanned layer stack
+    # split into mesh.stage stages; the rest of the model runs data-parallel over them.
+    c.pipeline = ConfigDict()
+    # Microbatches per step (per gradient-accumulation microbatch): the bubble is
+    # (S - 1) / (M R + S - 1); batches are rounded to a multiple of it.
+    c.pipeline.microbatches = 4
+    # gpipe (contiguous layers per stage) | circular (`repeats` groups per stage, visited
+    # in turn: a smaller bubble, needs microbatches >= mesh.stage).
+    c.pipeline.schedule = "gpipe"
+    c.pipeline.repeats = 2  # circular: layer groups per stage
 
 
 def _sync(c: ConfigDict) -> None:

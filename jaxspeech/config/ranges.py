@@ -87,6 +87,9 @@ RANGES: dict[str, str] = {
     "loss.label_smoothing": "in [0, 1)",
     "loss.frames_per_chunk": ">= 1",
     "decoding.beam": ">= 1",
+    "decoding.ctc_weight": "-1 or in [0, 1]",  # -1: 0.3 with a CTC head, 0 without
+    "decoding.eos_threshold": ">= 0",
+    "decoding.max_len_ratio": ">= 0",
     "decoding.max_symbols_per_frame": ">= 1",
     "decoding.lm_weight": ">= 0",
     "decoding.word_bonus": "finite",  # negative: fewer, longer words
@@ -117,6 +120,9 @@ RANGES: dict[str, str] = {
     "monitor.samples_every": ">= 0",
     "monitor.num_samples": ">= 1",
     "mesh.replica": "-1 or >= 1",
+    "mesh.stage": "-1 or >= 1",
+    "pipeline.microbatches": ">= 1",
+    "pipeline.repeats": ">= 2",  # circular only (gpipe is one group per stage)
     "mesh.data": "-1 or >= 1",
     "mesh.fsdp": "-1 or >= 1",
     "mesh.tensor": "-1 or >= 1",

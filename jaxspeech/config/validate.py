@@ -34,7 +34,7 @@ from jaxspeech.models import DTYPES, ENCODERS, asr
 from jaxspeech.models.conformer import REMAT_POLICIES
 from jaxspeech.models.subsampling import SUBSAMPLING_FACTORS
 from jaxspeech.models.transducer import PREDICTORS
-from jaxspeech.parallel import sync
+from jaxspeech.parallel import pipeline, sync
 
 __all__ = ["CHOICES", "FILES", "RANGES", "mistakes", "split_names", "validate"]
 
@@ -49,6 +49,7 @@ CHOICES: dict[str, tuple] = {
     "features.kind": mfcc.FEATURE_KINDS,
     "model.encoder": tuple(ENCODERS),
     "model.head": asr.HEADS,
+    "pipeline.schedule": pipeline.SCHEDULES,
     "model.dtype": tuple(DTYPES),
     "model.conformer.remat": tuple(REMAT_POLICIES),
     "model.conformer.subsampling_factor": SUBSAMPLING_FACTORS,
@@ -95,6 +96,17 @@ def mistakes(config: ConfigDict, *, devices: int | None = None) -> list[str]:
     for check in (_data, _features, _augmentation, _model, _decoding, _distill, _train):
         check(view, out.append)
     _mesh_and_sync(view, table, devices, out.append)
+    return out
+
+
+def decoding_mistakes(config: ConfigDict) -> list[str]:
+    """The mistakes of config.decoding alone (a run's config with the command line's
+    decoding overrides: evaluate, transcribe), one line each."""
+    out: list[str] = []
+    c = defaults.fill_missing(ConfigDict(config.to_dict()))
+    keys = ["decoding.beam", "decoding.ctc_weight", "decoding.eos_threshold"]
+    ranges.check(c, keys + ["decoding.max_len_ratio"], out.append)
+    _attention_decoding(c, out.append)  # (the LM file is checked by its loader)
     return out
 
 
@@ -242,15 +254,16 @@ def _model(c: ConfigDict, report: Report) -> None:
 def _attention_decoder(c: ConfigDict, report: Report) -> None:
     """The attention decoder's settings and the joint loss's (ctc_weight in [0, 1]: ESPnet's
     ctc_weight * CTC + (1 - ctc_weight) * attention)."""
-    keys = [*under("model.decoder."), "loss.ctc_weight", "loss.label_smoothing"]
-    ranges.check(c, keys, report)
+    joint = "ctc" in c.model.head.split("+")  # aed alone: no CTC, no weight
+    keys = [*under("model.decoder."), "loss.label_smoothing"]
+    ranges.check(c, keys + (["loss.ctc_weight"] if joint else []), report)
     d = c.model.decoder
     if ranges.valid(c, "model.decoder.dim", "model.decoder.num_heads") and d.dim % d.num_heads:
         report(
             f"model.decoder.dim must be a multiple of model.decoder.num_heads="
             f"{d.num_heads}, got {d.dim}"
         )
-    if ranges.valid(c, "loss.ctc_weight") and c.loss.ctc_weight > 1:
+    if joint and ranges.valid(c, "loss.ctc_weight") and c.loss.ctc_weight > 1:
         report(
             f"loss.ctc_weight must be <= 1 with model.head={c.model.head} (the attention "
             f"loss weighs 1 - ctc_weight), got {show(c.loss.ctc_weight)}"
@@ -298,7 +311,8 @@ def _transducer(c: ConfigDict, report: Report) -> None:
 
 
 def _decoding(c: ConfigDict, report: Report) -> None:
-    ranges.check(c, ["decoding.beam", "decoding.max_symbols_per_frame"], report)
+    keys = ["decoding.beam", "decoding.max_symbols_per_frame", "decoding.ctc_weight"]
+    ranges.check(c, keys + ["decoding.eos_threshold", "decoding.max_len_ratio"], report)
     ranges.check(c, under("scoring."), report)
     for key in ("decoding.lm_path", "scoring.mapping_file"):
         _file(c, key, report)
@@ -313,11 +327,34 @@ def _decoding(c: ConfigDict, report: Report) -> None:
     e = c.model.conformer
     chunked = isinstance(e.chunk_size, int) and e.chunk_size > 0
     streams = c.model.encoder == "conformer" and e.causal and chunked
+    _attention_decoding(c, report, streams)
     if c.decoding.streaming and not streams:
         report(
             "decoding.streaming needs a streaming encoder (model.encoder=conformer with "
             f"causal=True and chunk_size > 0), got {c.model.encoder}, causal={e.causal}, "
             f"chunk_size={show(e.chunk_size)}"
+        )
+
+
+def _attention_decoding(c: ConfigDict, report: Report, streams: bool = True) -> None:
+    """decoding.ctc_weight scores with a CTC head only; the attention searches read whole
+    utterances (no streaming; said only of an encoder that streams, else that is the
+    one mistake)."""
+    heads = c.model.head.split("+")
+    weight = c.decoding.get("ctc_weight", -1.0)
+    if "ctc" not in heads and ranges.valid(c, "decoding.ctc_weight") and weight > 0:
+        report(
+            f"decoding.ctc_weight={show(weight)} scores with CTC, but model.head="
+            f"{c.model.head} has no CTC head: set decoding.ctc_weight=0 (or -1, the default)"
+        )
+    try:
+        method = search.decoding_method(c)
+    except ValueError:
+        return  # reported
+    if method.startswith("aed") and c.decoding.streaming and streams:
+        report(
+            f"decoding.streaming decodes CTC or RNN-T heads chunk by chunk; decoding.method "
+            f"{method} reads whole utterances: set decoding.streaming=False"
         )
 
 
@@ -335,7 +372,7 @@ def _distill(c: ConfigDict, report: Report) -> None:
         report("distill.targets needs distill.other_split (the split whose audio it labels)")
     if c.model.head in asr.HEADS and "ctc" not in c.model.head.split("+"):
         report(
-            f"distill.targets trains a CTC output: model.head must be ctc or ctc+rnnt, "
+            f"distill.targets trains a CTC output: model.head must be ctc, ctc+rnnt or ctc+aed, "
             f"got {show(c.model.head)}"
         )
     _choice(c, "distill.loss", report)
@@ -368,12 +405,51 @@ def _sync_keys(c: ConfigDict) -> list[str]:
     return []
 
 
+def _pipeline(c: ConfigDict, stages: int, report: Report) -> None:
+    """mesh.stage > 1: a scanned Conformer whose layers split into the stages (and groups),
+    a schedule the microbatches can fill, all-reduce learners."""
+    circular = _choice(c, "pipeline.schedule", report) and c.pipeline.schedule == "circular"
+    keys = ["pipeline.microbatches"] + (["pipeline.repeats"] if circular else [])
+    if not ranges.check(c, keys, report):
+        return
+    e = c.model.conformer
+    if c.model.encoder != "conformer" or not e.scan_layers:
+        report(
+            f"mesh.stage={stages} pipelines the Conformer's scanned layer stack: set "
+            "model.encoder=conformer and model.conformer.scan_layers=True"
+        )
+        return
+    repeats = int(c.pipeline.repeats) if circular else 1
+    groups = stages * repeats
+    if ranges.valid(c, "model.conformer.num_layers") and e.num_layers % groups:
+        what = f"{stages} stages x {repeats} groups" if circular else f"{stages} stages"
+        report(
+            f"model.conformer.num_layers={e.num_layers} does not split into {what}: it must "
+            f"be a multiple of {groups}"
+        )
+    if circular and c.pipeline.microbatches < stages:
+        report(
+            f"pipeline.schedule=circular needs pipeline.microbatches >= mesh.stage={stages} "
+            f"(a microbatch comes round only after the others entered), got "
+            f"{c.pipeline.microbatches}"
+        )
+    if c.sync.strategy != "allreduce":
+        report(
+            f"mesh.stage={stages} runs with sync.strategy=allreduce only (the other "
+            f"strategies' learners would each need the whole pipeline), got {c.sync.strategy}"
+        )
+
+
 def _mesh_and_sync(c: ConfigDict, entries, devices: int | None, report: Report) -> None:
     """Mesh sizes (filling `devices` when given), the rules table of `entries`
     (config.mesh.rules), and the sync strategy on that mesh with those rules."""
     ranges.check(c, under("mesh."), report)
     shape = relations.mesh_shape(c, devices, report)
     table = relations.rules_table(entries, report)
+    if shape is not None and shape["stage"] > 1:
+        _pipeline(c, shape["stage"], report)
+        if c.sync.strategy != "allreduce":
+            return  # reported there, once
     if not ranges.check(c, _sync_keys(c), report) or shape is None or table is None:
         return
     try:

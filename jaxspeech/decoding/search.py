@@ -11,6 +11,11 @@ the beam searches:
 - rnnt_beam: modified beam search on device; with an LM, the encoder's projection on device
   and the fused search on the host (`decoding.rnnt_fusion`), calling the predictor and
   joiner on this process's first device.
+- aed_beam: attention beam search (`decoding.attention`), joint with CTC prefix scores when
+  the model has a CTC head (decoding.ctc_weight), with the LM if given: the encodings on
+  device, the search on the host, the decoder's cached step on this process's first device.
+- aed_rescore: CTC prefix beam search (with the LM if given), its n-best rescored by the
+  attention decoder.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from flax import nnx
 from ml_collections import ConfigDict
 
 from jaxspeech.data.tokenizer import Tokenizer
+from jaxspeech.decoding import attention_device
 from jaxspeech.decoding import ctc as ctc_decoding
 from jaxspeech.decoding import rnnt as rnnt_decoding
 from jaxspeech.decoding.lm import fusion_from_config
@@ -33,7 +39,8 @@ from jaxspeech.errors import UserError
 from jaxspeech.models import inference
 from jaxspeech.parallel import mesh as mesh_lib
 
-DECODERS = ("ctc_greedy", "ctc_beam", "rnnt_greedy", "rnnt_beam")
+DECODERS = ("ctc_greedy", "ctc_beam", "rnnt_greedy", "rnnt_beam", "aed_beam", "aed_rescore")
+BEAMS = ("ctc_beam", "rnnt_beam", "aed_beam", "aed_rescore")  # the searches that fuse an LM
 # LM fusion's default weight and word bonus: the best of a grid on the demo's dev set
 # (benchmarks/lm_fusion.py, CTC prefix beam search of width 32, a trigram of the train
 # transcripts); retune them for another model or LM.
@@ -41,19 +48,34 @@ LM_WEIGHT, WORD_BONUS = 1.2, 10.0
 
 
 def decoding_method(config: ConfigDict) -> str:
-    """config.decoding.method, with "auto" resolved (the head's greedy search; its beam
-    search when decoding.lm_path is set; CTC's for ctc+aed) and checked against the
-    model's head."""
+    """config.decoding.method, with "auto" resolved (the head's greedy search, its beam
+    search when decoding.lm_path is set; ctc+aed: CTC's, the cheap one for in-loop
+    evaluation; aed alone: aed_beam) and checked against the model's head.
+
+    Raises:
+      ValueError: an unknown method, or one the model's head cannot run (each one line).
+    """
     method, heads = config.decoding.method, config.model.head.split("+")
     if method == "auto":  # the head's greedy search, its beam search with an LM
         search = "beam" if config.decoding.get("lm_path", "") else "greedy"
-        # ctc+aed decodes through its CTC branch: no search reads the attention decoder yet.
-        return f"rnnt_{search}" if "rnnt" in heads else f"ctc_{search}"
+        if "rnnt" in heads:
+            return f"rnnt_{search}"
+        return f"ctc_{search}" if "ctc" in heads else "aed_beam"
     if method not in DECODERS:
         raise ValueError(f"decoding.method must be auto or one of {DECODERS}, got {method!r}")
     if method.split("_")[0] not in heads:
         raise ValueError(f"decoding.method {method!r} needs a model with that head, not {heads}")
+    if method == "aed_rescore" and "ctc" not in heads:
+        raise ValueError(
+            "decoding.method 'aed_rescore' rescores a CTC n-best; model.head 'aed' has no "
+            "CTC head (use aed_beam)"
+        )
     return method
+
+
+def has_ctc(config: ConfigDict) -> bool:
+    """Whether the model has a CTC head."""
+    return "ctc" in config.model.head.split("+")
 
 
 def uses_lm(config: ConfigDict) -> bool:
@@ -65,10 +87,10 @@ def uses_lm(config: ConfigDict) -> bool:
     if not config.decoding.get("lm_path", ""):
         return False
     method = decoding_method(config)
-    if not method.endswith("_beam"):
+    if method not in BEAMS:
         raise ValueError(
             f"decoding.lm_path is set but decoding.method {method!r} is greedy; "
-            "LM fusion needs ctc_beam or rnnt_beam"
+            f"LM fusion needs one of {BEAMS}"
         )
     return True
 
@@ -86,6 +108,11 @@ def make_decode_fn(graphdef, config: ConfigDict, blank_id: int) -> Callable:
             return {"ids": ctc_decoding.greedy_ids(model.ctc_logits(enc)), "lengths": lengths}
         if method == "ctc_beam":
             return {"logprobs": jax.nn.log_softmax(model.ctc_logits(enc)), "lengths": lengths}
+        if method.startswith("aed"):
+            out = {"enc": enc.astype(jnp.float32), "lengths": lengths}
+            if model.ctc is not None:  # joint scores, rescoring, word times
+                out["logprobs"] = jax.nn.log_softmax(model.ctc_logits(enc))
+            return out
         tr = model.transducer
         enc_proj = tr.joiner.enc_proj(enc)
         if host_rnnt:
@@ -301,6 +328,17 @@ class Searcher:
     def bind(self, params: dict, model_vars: dict, with_frames: bool = False) -> Callable:
         """hyps(out) for decode outputs of these parameters."""
         beam, blank = int(self.config.decoding.beam), self.blank_id
+        if self.method.startswith("aed"):
+            if self.graphdef is None:
+                raise ValueError(f"decoding.method {self.method!r} needs the model's graph")
+            return attention_device.AttentionSearch(
+                self.method,
+                attention_device.DecoderOnDevice(self.graphdef, params, model_vars),
+                attention_device.options_from_config(self.config.decoding, has_ctc(self.config)),
+                blank_id=blank,
+                fusion=self.fusion,
+                with_frames=with_frames,
+            )
         if self.method == "rnnt_beam" and self.fusion:
             model = predictor_beam(self.graphdef, params, model_vars, blank)
 

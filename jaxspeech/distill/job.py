@@ -77,7 +77,7 @@ def check_request(req: Request) -> tuple[ConfigDict, records.SplitIndex]:
     if "ctc" not in config.model.head.split("+"):
         raise UserError(
             f"--teacher {req.teacher} has model.head={config.model.head!r}: the targets are "
-            "CTC posteriors, so the teacher needs a CTC head (ctc or ctc+rnnt)"
+            "CTC posteriors, so the teacher needs a CTC head (ctc, ctc+rnnt or ctc+aed)"
         )
     tok_dir = os.path.join(req.teacher, assets.ASSETS, assets.TOKENIZER)
     try:

@@ -50,7 +50,8 @@ def check_compatible(summary: dict, config: ConfigDict, tokenizer: Tokenizer, fr
     if "ctc" not in config.model.head.split("+"):
         raise UserError(
             f"{where}: soft targets train a CTC output, but model.head={config.model.head!r} "
-            "has none; use model.head=ctc or ctc+rnnt, or pseudo-labels (distill.targets='')"
+            "has none; use model.head=ctc, ctc+rnnt or ctc+aed, or pseudo-labels "
+            "(distill.targets='')"
         )
     if int(summary["vocab_size"]) != tokenizer.vocab_size:
         raise UserError(

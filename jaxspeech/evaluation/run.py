@@ -9,7 +9,7 @@ from collections.abc import Callable
 import jax
 from ml_collections import ConfigDict
 
-from jaxspeech.config import build, defaults
+from jaxspeech.config import build, defaults, validate
 from jaxspeech.decoding import search
 from jaxspeech.errors import UserError
 from jaxspeech.evaluation import scoring
@@ -56,13 +56,13 @@ def run_eval_config(
 ) -> ConfigDict:
     """RUN's config with the command line's decoding and corrupt-record overrides, checked
     (a decoder the model has no head for is an error before any work). `decoding`: any of
-    lm_path ("" for no LM), lm_weight, word_bonus, streaming for config.decoding, and
-    chunk_size for model.conformer (the chunk size a streaming model is decoded with);
-    None values leave the run's.
+    lm_path ("" for no LM), lm_weight, word_bonus, streaming, ctc_weight, length_norm,
+    eos_threshold for config.decoding, and chunk_size for model.conformer (the chunk size
+    a streaming model is decoded with); None values leave the run's.
 
     Raises:
       FileNotFoundError: not a run directory. ValueError: a decoder the model cannot run,
-        an LM with a greedy decoder, a chunk size below 0.
+        an LM with a greedy decoder, a chunk size below 0, a decoding value out of range.
       UserError: a bad scoring.mapping_file.
     """
     config = loading.load_run_config(workdir)
@@ -83,6 +83,9 @@ def run_eval_config(
         else:
             config.decoding[key] = value
     search.uses_lm(config)
+    found = validate.decoding_mistakes(config)
+    if found:
+        raise ValueError("; ".join(found))
     scoring.normalizer_from_config(config)
     return config
 
@@ -100,6 +103,10 @@ def result_tag(
         tag += f"-{name}-w{dec.lm_weight:g}-b{dec.word_bonus:g}"
     if (decoding or {}).get("chunk_size") is not None:
         tag += f"-chunk{config.model.conformer.chunk_size}"
+    if search.decoding_method(config).startswith("aed"):  # the attention searches' settings
+        tag += f"-ctc{dec.ctc_weight:g}"
+        tag += "" if dec.length_norm else "-nonorm"
+        tag += f"-eos{dec.eos_threshold:g}"
     if dec.streaming:
         tag += "-streaming"
     return tag

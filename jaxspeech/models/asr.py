@@ -2,8 +2,9 @@
 
 `head` picks the outputs: "ctc" (a linear layer to the vocabulary), "rnnt" (predictor
 + joiner, `jaxspeech.models.transducer`), "ctc+rnnt" (both; CTC as an auxiliary
-loss and an alternative decoder) or "ctc+aed" (CTC and an attention decoder,
-`jaxspeech.models.decoder`, trained jointly; decoded through its CTC branch).
+loss and an alternative decoder), "ctc+aed" (CTC and an attention decoder,
+`jaxspeech.models.decoder`, trained jointly, decoded jointly or through either branch)
+or "aed" (the attention decoder alone).
 The encoder is any registered one (`jaxspeech.models.ENCODERS`) with the interface
 `encoder(feats_btf, lengths_b, *, deterministic, rngs) -> (x_btd, lengths_b)` and an
 `output_dim` attribute.
@@ -27,7 +28,7 @@ from jaxspeech.models.layers import Dense, Dtype
 from jaxspeech.models.transducer import Transducer
 from jaxspeech.parallel.rules import constrain
 
-HEADS = ("ctc", "rnnt", "ctc+rnnt", "ctc+aed")
+HEADS = ("ctc", "rnnt", "ctc+rnnt", "ctc+aed", "aed")
 RNNT_LOSSES = ("pruned", "full")
 
 

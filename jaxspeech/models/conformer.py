@@ -31,6 +31,7 @@ from jaxspeech.models.layers import (
     layer_stack,
 )
 from jaxspeech.models.subsampling import Conv2dSubsampling, subsampled_length
+from jaxspeech.parallel import pipeline
 from jaxspeech.parallel.rules import constrain
 
 # What each Conformer block keeps for the backward pass: "none" keeps every activation,
@@ -171,6 +172,8 @@ class ConformerEncoder(nnx.Module):
         dynamic_chunk: bool = False,
         max_dynamic_chunk: int = 25,
         remat: str = "none",
+        pipeline_microbatches: int = 4,
+        pipeline_repeats: int = 1,
         dtype: Dtype = jnp.float32,
         rngs: nnx.Rngs,
     ):
@@ -201,11 +204,15 @@ class ConformerEncoder(nnx.Module):
         self.dynamic_chunk = dynamic_chunk
         self.max_dynamic_chunk = max_dynamic_chunk
         self.remat = remat
+        # On a mesh with a stage axis > 1 the scanned blocks run as a pipeline of that many
+        # stages (jaxspeech.parallel.pipeline); elsewhere (one device, export) as a scan.
+        self.pipeline_microbatches = pipeline_microbatches
+        self.pipeline_repeats = pipeline_repeats
         self.dtype = dtype
         make = lambda r: ConformerBlock(
             dim, num_heads, ff_mult, conv_kernel, dropout, causal=causal, dtype=dtype, rngs=r
         )
-        self.blocks = layer_stack(make, num_layers, scan_layers, rngs)
+        self.blocks = layer_stack(make, num_layers, scan_layers, rngs, axis="layers")
 
     def __call__(
         self,
@@ -230,6 +237,8 @@ class ConformerEncoder(nnx.Module):
             for block in self.blocks:
                 x = body(x, block, rngs)
             return x, lengths
+        if pipeline.stages_in_mesh() > 1:
+            return self._pipelined(x, mask, attn_mask, deterministic, rngs), lengths
         if rngs is None or deterministic:
             scan = nnx.scan(
                 lambda x, b: body(x, b, None), in_axes=(nnx.Carry, 0), out_axes=nnx.Carry
@@ -240,6 +249,43 @@ class ConformerEncoder(nnx.Module):
             nnx.scan(body, in_axes=(nnx.Carry, 0, 0), out_axes=nnx.Carry)
         )
         return scan(x, self.blocks, rngs), lengths
+
+    def _pipelined(
+        self,
+        x_btd: jax.Array,
+        mask_bt: jax.Array,
+        attn_mask: jax.Array | None,
+        deterministic: bool,
+        rngs: nnx.Rngs | None,
+    ) -> jax.Array:
+        """The scanned blocks as a pipeline over the mesh's stage axis (`pipeline.run`);
+        the padding (and chunk) masks travel with the microbatches. Dropout draws from a
+        key per (layer group, microbatch, layer)."""
+        schedule = pipeline.Schedule(
+            pipeline.stages_in_mesh(), self.pipeline_microbatches, self.pipeline_repeats
+        )
+        schedule = pipeline.fit(schedule, x_btd.shape[0])
+        block_def, block_state = nnx.split(self.blocks)
+        key = rngs.dropout() if rngs is not None and not deterministic else None
+
+        def apply_group(p, x, ex, group, microbatch):
+            def one(x, layer):
+                state, index = layer
+                r = None
+                if key is not None:
+                    k = jax.random.fold_in(jax.random.fold_in(key, group), microbatch)
+                    r = nnx.Rngs(dropout=jax.random.fold_in(k, index))
+                block = nnx.merge(block_def, state)
+                y = block(
+                    x, ex["mask"], deterministic=deterministic, rngs=r, attn_mask=ex.get("attn")
+                )
+                return y, None
+
+            per = jax.tree.leaves(p)[0].shape[0]
+            return jax.lax.scan(one, x, (p, jnp.arange(per)))[0]
+
+        extras = {"mask": mask_bt} | ({"attn": attn_mask} if attn_mask is not None else {})
+        return pipeline.run(apply_group, block_state, x_btd, extras, schedule)
 
     def _chunk_mask(
         self, mask_bt: jax.Array, *, deterministic: bool, rngs: nnx.Rngs | None

@@ -79,6 +79,42 @@ class MultiHeadAttention(nnx.Module):
         self.dropout = Dropout(dropout)
         self.dtype = dtype
 
+    def project_kv(self, memory_bte: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """(B, T, E) memory -> its keys and values, (B, T, H, K) each (what a decoding
+        cache keeps: the encodings' once per utterance, the prefix's once per token)."""
+        dt = self.dtype
+        k = jnp.einsum("bte,ehk->bthk", memory_bte.astype(dt), self.wk[...].astype(dt))
+        v = jnp.einsum("bte,ehk->bthk", memory_bte.astype(dt), self.wv[...].astype(dt))
+        axes = ("batch", "time", "heads", "kv")
+        return constrain(k, axes), constrain(v, axes)
+
+    def attend(
+        self,
+        x_bud: jax.Array,
+        k_bthk: jax.Array,
+        v_bthk: jax.Array,
+        mask: jax.Array,
+        *,
+        deterministic: bool,
+        rngs: nnx.Rngs | None,
+        with_probs: bool = False,
+    ) -> jax.Array | tuple[jax.Array, jax.Array]:
+        """(B, U, D) queries over projected (B, T, H, K) keys and values, mask (B, U, T) or
+        (B, 1, T) of the keys each query may see -> (B, U, D) (and with `with_probs` the
+        (B, H, U, T) attention weights). A query that sees no key gets the values' mean."""
+        dt = self.dtype
+        q = jnp.einsum("bud,dhk->buhk", x_bud.astype(dt), self.wq[...].astype(dt))
+        q = constrain(q, ("batch", "time", "heads", "kv"))
+        k, v = k_bthk.astype(dt), v_bthk.astype(dt)
+        scores = jnp.einsum("buhk,bthk->bhut", q, k).astype(jnp.float32) / math.sqrt(q.shape[-1])
+        scores = jnp.where(mask[:, None], scores, -1e9)
+        probs = jax.nn.softmax(scores, axis=-1).astype(dt)
+        probs = self.dropout(probs, deterministic=deterministic, rngs=rngs)
+        ctx = jnp.einsum("bhut,bthk->buhk", probs, v)
+        out = jnp.einsum("buhk,hkd->bud", ctx, self.wo[...].astype(dt))
+        out = self.dropout(out, deterministic=deterministic, rngs=rngs)
+        return (out, probs) if with_probs else out
+
     def __call__(
         self,
         x_bud: jax.Array,
@@ -88,20 +124,9 @@ class MultiHeadAttention(nnx.Module):
         deterministic: bool,
         rngs: nnx.Rngs | None,
     ) -> jax.Array:
-        """(B, U, D) queries, (B, T, E) memory, mask (B, U, T) or (B, 1, T) of the keys each
-        query may see -> (B, U, D). A query that sees no key gets the values' mean (finite)."""
-        dt = self.dtype
-        q = jnp.einsum("bud,dhk->buhk", x_bud.astype(dt), self.wq[...].astype(dt))
-        k = jnp.einsum("bte,ehk->bthk", memory_bte.astype(dt), self.wk[...].astype(dt))
-        v = jnp.einsum("bte,ehk->bthk", memory_bte.astype(dt), self.wv[...].astype(dt))
-        q, k, v = (constrain(a, ("batch", "time", "heads", "kv")) for a in (q, k, v))
-        scores = jnp.einsum("buhk,bthk->bhut", q, k).astype(jnp.float32) / math.sqrt(q.shape[-1])
-        scores = jnp.where(mask[:, None], scores, -1e9)
-        probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-        probs = self.dropout(probs, deterministic=deterministic, rngs=rngs)
-        ctx = jnp.einsum("bhut,bthk->buhk", probs, v)
-        out = jnp.einsum("buhk,hkd->bud", ctx, self.wo[...].astype(dt))
-        return self.dropout(out, deterministic=deterministic, rngs=rngs)
+        """(B, U, D) queries, (B, T, E) memory, mask (B, U, T) or (B, 1, T) -> (B, U, D)."""
+        k, v = self.project_kv(memory_bte)
+        return self.attend(x_bud, k, v, mask, deterministic=deterministic, rngs=rngs)
 
 
 class DecoderBlock(nnx.Module):
@@ -142,6 +167,46 @@ class DecoderBlock(nnx.Module):
         x = x + self.cross_attn(self.cross_norm(x), enc_bte, enc_mask_b1t, **kw)
         x = x + self.ff(x, **kw)
         return constrain(x, ("batch", "time", "embed"))
+
+    def step(
+        self,
+        x_n1d: jax.Array,
+        cache: dict,
+        enc_mask_b1t: jax.Array,
+        pos: jax.Array,
+    ) -> tuple[jax.Array, dict, jax.Array]:
+        """One new token per hypothesis (inference): (N, 1, D) inputs at position `pos` with
+        this layer's `cache` ("self_k"/"self_v" (N, L, H, K): the prefix's keys and values;
+        "cross_k"/"cross_v" (B, T, H, K): the encodings', N = B * beam rows grouped by
+        utterance) -> (N, 1, D), the cache with position `pos` written, and the (N, T)
+        cross-attention weights (the heads' mean)."""
+        h = self.self_norm(x_n1d)
+        k_new, v_new = self.self_attn.project_kv(h)
+        sk = jax.lax.dynamic_update_slice_in_dim(
+            cache["self_k"], k_new.astype(cache["self_k"].dtype), pos, axis=1
+        )
+        sv = jax.lax.dynamic_update_slice_in_dim(
+            cache["self_v"], v_new.astype(cache["self_v"].dtype), pos, axis=1
+        )
+        seen = jax.lax.broadcasted_iota(jnp.int32, (1, 1, sk.shape[1]), 2) <= pos
+        x = x_n1d + self.self_attn.attend(h, sk, sv, seen, deterministic=True, rngs=None)
+        # Cross-attention: an utterance's beam rows are its queries (B, beam, D), so the
+        # encodings' keys and values are kept once per utterance, not once per hypothesis.
+        b, n, d = cache["cross_k"].shape[0], x.shape[0], x.shape[-1]
+        q = self.cross_norm(x).reshape(b, n // b, d)
+        ctx, probs_bhut = self.cross_attn.attend(
+            q,
+            cache["cross_k"],
+            cache["cross_v"],
+            enc_mask_b1t,
+            deterministic=True,
+            rngs=None,
+            with_probs=True,
+        )
+        x = x + ctx.reshape(n, 1, d)
+        x = x + self.ff(x, deterministic=True, rngs=None)
+        align_nt = probs_bhut.astype(jnp.float32).mean(axis=1).reshape(n, -1)
+        return x, cache | {"self_k": sk, "self_v": sv}, align_nt
 
 
 class AttentionDecoder(nnx.Module):
@@ -221,6 +286,67 @@ class AttentionDecoder(nnx.Module):
             x = scan(x, self.blocks, rngs)
         logits = self.out(self.norm(x)).astype(jnp.float32)
         return constrain(logits, ("batch", "time", "vocab"))
+
+    def _each_layer(self, fn, x, per_layer):
+        """fn(block, x, layer's slice of `per_layer`) -> (x, out) over the blocks in order;
+        -> (x, outs stacked on a leading layer axis), for a scanned or a looped stack."""
+        if self.scan_layers:
+            scan = nnx.scan(
+                lambda x, block, p: fn(block, x, p),
+                in_axes=(nnx.Carry, 0, 0),
+                out_axes=(nnx.Carry, 0),
+            )
+            return scan(x, self.blocks, per_layer)
+        outs = []
+        for i, block in enumerate(self.blocks):
+            x, out = fn(block, x, jax.tree.map(lambda a, i=i: a[i], per_layer))
+            outs.append(out)
+        return x, jax.tree.map(lambda *a: jnp.stack(a), *outs)
+
+    def start(self, enc_bte: jax.Array, enc_len_b: jax.Array, beam: int, max_len: int) -> dict:
+        """The decoding cache of B utterances with `beam` hypotheses each (rows b * beam ..
+        b * beam + beam - 1 are utterance b's) and prefixes of up to `max_len` tokens (<sos>
+        included): every layer's keys and values of the encodings (L, B, T, H, K), empty
+        (L, B * beam, max_len, H, K) ones of the prefixes, and the (B, 1, T) frame mask."""
+        t = enc_bte.shape[1]
+        enc_mask = (jax.lax.broadcasted_iota(jnp.int32, (1, t), 1) < enc_len_b[:, None])[:, None]
+
+        def cross(block, x, _):
+            return x, block.cross_attn.project_kv(enc_bte)
+
+        _, (ck, cv) = self._each_layer(cross, jnp.zeros(()), jnp.zeros((self.num_layers,)))
+        n, heads, k = enc_bte.shape[0] * beam, ck.shape[-2], ck.shape[-1]
+        empty = jnp.zeros((self.num_layers, n, max_len, heads, k), self.dtype)
+        return {"cross_k": ck, "cross_v": cv, "self_k": empty, "self_v": empty, "mask": enc_mask}
+
+    def step(
+        self, cache: dict, tokens_n: jax.Array, pos: jax.Array
+    ) -> tuple[jax.Array, dict, jax.Array]:
+        """(N,) tokens at prefix position `pos` (the same for every row: the search extends
+        all hypotheses together) -> (N, V) float32 log-probs of the next token (equal to the
+        last row of `__call__` on the whole prefix: tests), the cache with the tokens' keys
+        and values written, and (N, T) the last layer's cross-attention weights (where the
+        next token looks in the audio: its time when there is no CTC alignment)."""
+        pos = jnp.asarray(pos, jnp.int32)
+        emb = jnp.take(self.embed[...], tokens_n, axis=0) * math.sqrt(self.dim)
+        x = (emb + distance_sinusoids(pos[None], self.dim)).astype(self.dtype)[:, None]
+        layers = {k: cache[k] for k in ("self_k", "self_v", "cross_k", "cross_v")}
+
+        def one(block, x, layer):
+            x, new, align = block.step(x, layer, cache["mask"], pos)
+            return x, (new["self_k"], new["self_v"], align)
+
+        x, (sk, sv, align_lnt) = self._each_layer(one, x, layers)
+        logits = self.out(self.norm(x[:, 0])).astype(jnp.float32)
+        logp = jax.nn.log_softmax(logits, axis=-1)
+        return logp, cache | {"self_k": sk, "self_v": sv}, align_lnt[-1]
+
+    @staticmethod
+    def reorder(cache: dict, src_n: jax.Array) -> dict:
+        """The cache with row n's prefix keys and values taken from row src_n[n] (the
+        hypotheses the search keeps, each from the row it extends)."""
+        take = lambda a: jnp.take(a, src_n, axis=1)  # noqa: E731
+        return cache | {"self_k": take(cache["self_k"]), "self_v": take(cache["self_v"])}
 
 
 def teacher_forcing(

@@ -33,13 +33,16 @@ def dense_init(fan_in_axes: int = 1) -> Callable:
     )
 
 
-def layer_stack(make: Callable, num_layers: int, scan: bool, rngs: nnx.Rngs):
+def layer_stack(
+    make: Callable, num_layers: int, scan: bool, rngs: nnx.Rngs, axis: str | None = None
+):
     """`num_layers` blocks `make(rngs)`: with `scan`, one block whose every parameter is
-    stacked on a leading (unsharded) layer axis, run by `nnx.scan`, so XLA compiles the
-    block once instead of num_layers times; else an `nnx.List` of separate blocks."""
+    stacked on a leading layer axis (logical name `axis`: "layers" for a stack the
+    pipeline splits over stages, None = unsharded), run by `nnx.scan`, so XLA compiles
+    the block once instead of num_layers times; else an `nnx.List` of separate blocks."""
     if scan:
         stacked = nnx.vmap(
-            make, in_axes=0, out_axes=0, transform_metadata={nnx.PARTITION_NAME: None}
+            make, in_axes=0, out_axes=0, transform_metadata={nnx.PARTITION_NAME: axis}
         )
         return nnx.split_rngs(splits=num_layers)(stacked)(rngs)
     return nnx.List([make(rngs) for _ in range(num_layers)])

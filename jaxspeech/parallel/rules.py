@@ -18,11 +18,16 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 # Outermost first: `replica` groups devices joined by slow links (hosts, TPU slices over
 # DCN); parameters are replicated across it and only gradients cross it, once per step.
-MESH_AXES = ("replica", "data", "fsdp", "tensor")
+# `stage`: pipeline stages (jaxspeech.parallel.pipeline); neighbouring stages exchange
+# activations point to point, so it sits outside the data axes.
+MESH_AXES = ("replica", "stage", "data", "fsdp", "tensor")
 
 # logical name -> mesh axis (or tuple of axes, or None = replicated).
 DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
-    ("batch", ("replica", "data", "fsdp")),  # examples split over every data-like axis
+    # Examples split over every data-like axis; outside the pipelined layer stack the
+    # stage axis splits them too (front end and heads run data-parallel over it).
+    ("batch", ("replica", "stage", "data", "fsdp")),
+    ("layers", "stage"),  # a pipelined stack's layers: contiguous blocks per stage
     ("embed", "fsdp"),  # FSDP: parameters sharded on their model dimension
     ("mlp", "tensor"),  # tensor parallelism: feed-forward hidden units
     ("heads", "tensor"),  # tensor parallelism: attention heads
@@ -35,6 +40,10 @@ DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
 )
 
 Rules = Sequence[tuple[str, str | tuple[str, ...] | None]]
+
+# Logical axes added after runs were saved with a complete table: such a run's
+# config.mesh.rules lacks them and reads their DEFAULT_RULES entry.
+ADDED_LATER = ("layers",)  # pipeline parallelism's stacked-layer axis
 
 # The table in force: `axis_rules(...)` swaps it for a block (a run's config.mesh.rules);
 # every function here that takes no explicit table reads it, so the layers'
@@ -107,6 +116,8 @@ def rules_from_config(entries: Mapping[str, str] | None) -> Rules:
         return DEFAULT_RULES
     known = {name for name, _ in DEFAULT_RULES}
     unknown = sorted(set(entries) - known)
+    # A run saved before a logical axis existed reads that axis at its default.
+    entries = {n: a for n, a in rules_to_config().items() if n in ADDED_LATER} | dict(entries)
     missing = sorted(known - set(entries))
     if unknown or missing:
         raise ValueError(

@@ -228,8 +228,10 @@ def _check_rules(table: rules.Rules, axes: tuple[str, ...], mesh_shape: Mapping[
     for name, target in table:
         names = () if target is None else ((target,) if isinstance(target, str) else target)
         if name == "batch":
-            lead = tuple(a for a in names if a in axes)
-            if tuple(a for a in names[: len(lead)]) != lead or any(a not in names for a in live):
+            # Axes of size 1 split nothing (the pipeline's stage axis without a pipeline).
+            split = tuple(a for a in names if a in axes or int(mesh_shape.get(a, 1)) > 1)
+            lead = tuple(a for a in split if a in axes)
+            if split[: len(lead)] != lead or any(a not in names for a in live):
                 raise SyncConfigError(
                     f"mesh.rules.batch={','.join(names)} must start with the learner axes "
                     f"{','.join(axes)} (each learner reads a contiguous block of the batch)"

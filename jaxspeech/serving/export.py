@@ -413,6 +413,11 @@ def export_run(
         calib = read_calibration(calibration, calibration_utts) if int8 else None
         config = loading.load_run_config(workdir)
         check_stream_history(config, stream_history)
+        if config.model.head == "aed" and fmt != "stablehlo":
+            raise UserError(
+                f"model.head=aed: the {fmt} export has no attention decoder yet; "
+                "--format stablehlo exports its encoder and decoder step"
+            )
         run, scores = _load_and_score(workdir, config, step, data_dir, eval_split)
     except (FileNotFoundError, ValueError, ckpt_lib.CheckpointError) as e:
         raise UserError(str(e)) from e

@@ -131,6 +131,8 @@ def combine_parts(parts: dict, loss_cfg: ConfigDict) -> jax.Array:
     """(B,) per-utterance objective from the heads' (B,) losses: ctc+aed ESPnet's joint
     ctc_weight * CTC + (1 - ctc_weight) * attention (both over the same token
     normalizer); ctc+rnnt the transducer's plus ctc_weight * CTC; else the one part."""
+    if "att" in parts and "ctc" not in parts:  # aed alone
+        return parts["att"]
     if "att" in parts:
         return attention_losses.joint_ctc_attention(parts["ctc"], parts["att"], loss_cfg.ctc_weight)
     if "ctc" in parts and "rnnt" in parts:
@@ -187,7 +189,7 @@ def model_losses(
             )
             parts["rnnt"] = parts["rnnt"] + am_w * parts["rnnt_am"]
             valid = valid & am_ok
-    if getattr(model, "decoder", None) is not None:  # ctc+aed
+    if getattr(model, "decoder", None) is not None:  # ctc+aed, aed
         parts["att"], att_ok = model.forward_attention(
             enc,
             enc_len,

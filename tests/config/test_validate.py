@@ -145,7 +145,8 @@ MISTAKES = [
     ),
     (
         [("distill.other_split", "u"), ("distill.targets", "t"), ("model.head", "rnnt")],
-        "distill.targets trains a CTC output: model.head must be ctc or ctc+rnnt, got 'rnnt'",
+        "distill.targets trains a CTC output: model.head must be ctc, ctc+rnnt or ctc+aed, "
+        "got 'rnnt'",
     ),
     ([("mesh.data", 3)], "needs 3 devices, but 8 are available"),
     ([("mesh.replica", 3)], "cannot use 8 devices"),
@@ -156,8 +157,8 @@ MISTAKES = [
     ),
     (
         [("mesh.data", 1), ("mesh.tensor", 3)],
-        "mesh.replica x mesh.data x mesh.fsdp x mesh.tensor = 1 x 1 x 1 x 3 needs 3 devices, "
-        "but 8 are available",
+        "mesh.replica x mesh.stage x mesh.data x mesh.fsdp x mesh.tensor = 1 x 1 x 1 x 1 x 3 "
+        "needs 3 devices, but 8 are available",
     ),
     ([("mesh.rules.embed", "fsdp,fsdp")], "mesh.rules.embed must name each mesh axis once"),
     ([("mesh.rules.embed", "fdsp")], "mesh.rules.embed: unknown mesh axes ['fdsp']"),

@@ -41,6 +41,7 @@ EXEMPT = {
     "monitor.count_flops": "a bool: both values are valid",
     "sync.nesterov": "a bool: both values are valid",
     "sync.gossip_overlap": "a bool: both values are valid",
+    "decoding.length_norm": "a bool: both values are valid",
 }
 
 # key or key prefix -> [(bad value, what its line says)]: keys whose type does not say
@@ -90,7 +91,7 @@ BAD: dict[str, list[tuple[object, str]]] = {
 
 # key or key prefix -> settings under which the keys it covers are used (the longest
 # entry a key starts with applies); the bad value of the key is set on top.
-CTC_RNNT = [("model.head", "ctc+rnnt")]
+CTC_RNNT = [("model.head", "ctc+rnnt"), ("decoding.method", "auto")]  # (ctc_aed: aed_beam)
 CTC_AED = [("model.head", "ctc+aed")]
 MFCC = [("features.kind", "mfcc")]
 ENABLE: dict[str, list[tuple[str, object]]] = {
@@ -116,11 +117,22 @@ ENABLE: dict[str, list[tuple[str, object]]] = {
     "decoding.lm_": [("decoding.lm_path", HERE)],
     "decoding.word_bonus": [("decoding.lm_path", HERE)],
     "distill.": [*CTC_RNNT, ("distill.other_split", "u"), ("distill.targets", "t")],
-    "distill.targets": [("model.head", "ctc")],
+    "distill.targets": [("model.head", "ctc"), ("decoding.method", "auto")],
     "specaug.": [("specaug.enabled", True)],
     "waveform_aug.noise_exponents": [
         ("waveform_aug.noise_prob", 0.5),
         ("waveform_aug.noise_manifest", ""),
+    ],
+    "pipeline.": [
+        ("mesh.stage", 2),
+        ("model.conformer.scan_layers", True),
+        ("model.conformer.num_layers", 8),
+    ],
+    "pipeline.repeats": [
+        ("mesh.stage", 2),
+        ("model.conformer.scan_layers", True),
+        ("model.conformer.num_layers", 8),
+        ("pipeline.schedule", "circular"),
     ],
     "sync.block_": [("sync.strategy", "bmuf")],
     "sync.gtc_": [("sync.strategy", "gtc")],

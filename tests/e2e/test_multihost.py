@@ -1,5 +1,9 @@
 """A real 2-process `jax.distributed` run on 127.0.0.1 (4 CPU devices each) against the
-same training in one process with 8 devices: the same loss trajectory, checkpoints, resume."""
+same training in one process with 8 devices: the same loss trajectory, checkpoints, resume.
+The mesh puts each process's devices on its own pipeline stage (mesh.stage=2, the
+outermost axis after replica) with FSDP and tensor parallelism inside the stages, so
+the activations cross processes between the stages (tests/parallel/test_pipeline.py
+checks the pipelined step against the unpipelined one on one process)."""
 
 import json
 import os
@@ -28,9 +32,12 @@ def _train_args(workdir, shards, *extra):
         # Two loader shards either way: the 1-process run reads both, each of the two
         # processes one, and the global batches are the same.
         "--config.data.loader_shards=2",
-        "--config.mesh.data=2",
+        "--config.mesh.stage=2",
+        "--config.mesh.data=1",
         "--config.mesh.fsdp=-1",
         "--config.mesh.tensor=2",
+        "--config.model.conformer.scan_layers=True",  # the pipeline splits a scanned stack
+        "--config.pipeline.microbatches=2",
         *extra,
     )
 

@@ -1,7 +1,7 @@
 """The attention decoder (jaxspeech.models.decoder) against a numpy Transformer decoder
 with the same weights; its masks (causal self-attention, the encoder's padding), teacher
 forcing, the ctc+aed model's loss and gradients on the 8-device mesh against 1 device,
-and how a ctc+aed run is decoded (through its CTC branch)."""
+its config mistakes and its StableHLO export (decoding: tests/decoding/test_attention_*)."""
 
 import math
 
@@ -14,7 +14,6 @@ from flax import nnx
 
 from configs import demo
 from jaxspeech.config import build, validate
-from jaxspeech.decoding import search
 from jaxspeech.models.decoder import SOS_EOS, AttentionDecoder, teacher_forcing
 from jaxspeech.parallel import rules
 from tests.parallel import test_equivalence as equivalence
@@ -184,19 +183,6 @@ def test_ctc_aed_loss_and_gradients_on_8_devices_equal_1_device():
     wq = params8["decoder"]["blocks"]["self_attn"]["wq"]
     assert tuple(wq.sharding.spec) == (None, "fsdp", "tensor", None)
     assert tuple(params8["decoder"]["out"]["kernel"].sharding.spec) == ("fsdp", "tensor")
-
-
-def test_ctc_aed_decodes_through_its_ctc_branch():
-    """decoding.method=auto resolves to the CTC searches; attention decoding is not
-    implemented yet, so no method names it."""
-    config = _aed_config()
-    assert search.decoding_method(config) == "ctc_greedy"
-    config.decoding.lm_path = __file__
-    assert search.decoding_method(config) == "ctc_beam"
-    config.decoding.method = "rnnt_greedy"
-    with pytest.raises(ValueError, match="needs a model with that head"):
-        search.decoding_method(config)
-    assert not any(m.startswith("aed") for m in search.DECODERS)
 
 
 @pytest.mark.parametrize(

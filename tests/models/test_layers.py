@@ -157,9 +157,9 @@ def test_scanned_layers_equal_unrolled_layers():
     a, _ = unrolled(audio, lens)
     b, _ = scanned(audio, lens)
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
-    # Parameters of the stacked layers carry an unsharded leading layer axis.
+    # Parameters of the stacked layers carry a leading "layers" axis (the pipeline's stages).
     kernel = nnx.state(scanned.model, nnx.Param)["encoder"]["blocks"]["ff1"]["up"]["kernel"]
-    assert kernel.get_metadata()["out_sharding"] == (None, "embed", "mlp")
+    assert kernel.get_metadata()["out_sharding"] == ("layers", "embed", "mlp")
 
 
 def test_scanned_layers_train_with_dropout():

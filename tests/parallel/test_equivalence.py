@@ -119,9 +119,10 @@ def test_step_equals_single_device(single, mesh_shape):
     # Parameters really are sharded as the rules say on a (data, fsdp, tensor) mesh, and
     # so are their Adam moments (FSDP shards optimizer memory too).
     if mesh_shape[-2] > 1:
-        # Scanned layers: (layers, embed, mlp) -> (replicated, fsdp, tensor if divisible).
+        # Scanned layers: (layers, embed, mlp) -> (stage: 1 here, so whole; fsdp; tensor if
+        # divisible).
         kernel = params8["encoder"]["blocks"]["ff1"]["up"]["kernel"]
-        assert kernel.sharding.spec[0] is None and kernel.sharding.spec[1] == "fsdp"
+        assert kernel.sharding.spec[0] == "stage" and kernel.sharding.spec[1] == "fsdp"
         adam = opt8[1][0]  # chain(clip, adamw): adamw's ScaleByAdamState
         for moment in (adam.mu, adam.nu):
             assert moment["encoder"]["blocks"]["ff1"]["up"]["kernel"].sharding == kernel.sharding
@@ -183,7 +184,8 @@ def test_rules_table_from_the_config_lays_out_the_same_step(single_plain):
     loss1, _, grads1, _ = single_plain
     loss8, _, grads8, params8 = _run_step((2, 2, 2), plain=True, table=tuple(table.items()))
     kernel = params8["encoder"]["blocks"]["ff1"]["up"]["kernel"]
-    assert all(axis is None for axis in kernel.sharding.spec)  # default: (None, fsdp, tensor)
+    # Default: (stage, fsdp, tensor); here only the size-1 stage axis is left.
+    assert kernel.sharding.spec[0] == "stage" and all(a is None for a in kernel.sharding.spec[1:])
     assert len({str(s.index) for s in kernel.addressable_shards}) == 1  # whole on each device
     np.testing.assert_allclose(loss8, loss1, rtol=1e-5)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), grads8, grads1)

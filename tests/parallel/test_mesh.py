@@ -13,13 +13,22 @@ from jaxspeech.parallel import rules
 
 
 def test_resolve_mesh_shape_fills_the_rest_and_defaults_to_one():
-    assert mesh_lib.resolve_mesh_shape({"data": -1}, 8) == (1, 8, 1, 1)
-    assert mesh_lib.resolve_mesh_shape({"replica": 2, "fsdp": -1, "tensor": 2}, 8) == (2, 1, 2, 2)
+    # (replica, stage, data, fsdp, tensor)
+    assert mesh_lib.resolve_mesh_shape({"data": -1}, 8) == (1, 1, 8, 1, 1)
+    assert mesh_lib.resolve_mesh_shape({"replica": 2, "fsdp": -1, "tensor": 2}, 8) == (
+        2,
+        1,
+        1,
+        2,
+        2,
+    )
+    assert mesh_lib.resolve_mesh_shape({"stage": 2, "data": -1}, 8) == (1, 2, 4, 1, 1)
     for sizes, message in [
         ({"data": -1, "fsdp": -1}, "at most one"),
         ({"data": 3}, "needs 3 devices"),
         ({"data": -1, "tensor": 3}, "not a multiple of 3"),
         ({"pipeline": 2}, "unknown mesh axes"),
+        ({"stage": 3}, "needs 3 devices"),
         ({"data": 0}, "positive"),
     ]:
         with pytest.raises(mesh_lib.MeshConfigError, match=message):
@@ -28,12 +37,13 @@ def test_resolve_mesh_shape_fills_the_rest_and_defaults_to_one():
 
 def test_replica_mesh_on_the_simulated_devices():
     mesh = mesh_lib.make_mesh({"replica": 2, "data": 2, "fsdp": -1})
-    assert dict(mesh.shape) == {"replica": 2, "data": 2, "fsdp": 2, "tensor": 1}
+    assert dict(mesh.shape) == {"replica": 2, "stage": 1, "data": 2, "fsdp": 2, "tensor": 1}
     # One process: each replica is a contiguous half of the devices.
     ids = np.vectorize(lambda d: d.id)(mesh.devices)
     assert set(ids[0].ravel()) == {0, 1, 2, 3} and set(ids[1].ravel()) == {4, 5, 6, 7}
     assert mesh_lib.num_batch_shards(mesh) == 8
-    assert mesh_lib.batch_sharding(mesh, 2).spec == P(("replica", "data", "fsdp"), None)
+    batch_axes = ("replica", "stage", "data", "fsdp")
+    assert mesh_lib.batch_sharding(mesh, 2).spec == P(batch_axes, None)
 
 
 def _fake(i, process, slice_index=0):
@@ -52,7 +62,8 @@ def test_replica_groups_are_whole_hosts_or_slices():
 
 def test_rules_put_the_batch_on_every_data_axis_and_each_mesh_axis_once():
     spec = rules.logical_to_spec(("batch", "time", "embed"))
-    assert spec == P(("replica", "data", "fsdp"), None, None)  # embed loses fsdp to batch
+    # The stage axis splits the batch outside a pipelined stack; embed loses fsdp to batch.
+    assert spec == P(("replica", "stage", "data", "fsdp"), None, None)
     assert rules.logical_to_spec(("embed", "mlp")) == P("fsdp", "tensor")
     with pytest.raises(KeyError, match="no rule"):
         rules.logical_to_spec(("pipeline_stage",))

@@ -21,7 +21,7 @@ def test_command_line_overrides_reach_the_table():
     config = parse(TINY, "--config.mesh.rules.embed=", "--config.mesh.rules.mlp=fsdp,tensor")
     table = dict(build.rules_from_config(config))
     assert table["embed"] is None and table["mlp"] == ("fsdp", "tensor")
-    assert table["batch"] == ("replica", "data", "fsdp")  # the others keep their default
+    assert table["batch"] == ("replica", "stage", "data", "fsdp")  # the others: defaults
 
 
 @pytest.mark.parametrize(
@@ -56,5 +56,5 @@ def test_table_in_force_decides_parameter_and_batch_layout():
         spec = build.abstract_model(config, 30, mesh)
         assert mesh_lib.num_batch_shards(mesh) == 2
     kernel = spec.param_shardings["encoder"]["blocks"]["ff1"]["up"]["kernel"]
-    assert kernel.spec[:2] == (None, None)  # (layers, embed): no longer on fsdp
+    assert kernel.spec[:2] == ("stage", None)  # (layers, embed): embed no longer on fsdp
     assert rules.active_rules() == rules.DEFAULT_RULES  # the block restored the default

@@ -23,10 +23,13 @@ LR = 0.05
 
 
 # ------------------------------------------------------------------ update rules
+def _sizes(shape) -> dict:
+    """(replica, data, fsdp, tensor) sizes -> the mesh's axis sizes (no pipeline stage)."""
+    return dict(zip(("replica", "data", "fsdp", "tensor"), shape))
+
+
 def _mesh(shape):
-    return mesh_lib.make_mesh(
-        dict(zip(rules.MESH_AXES, shape)), devices=jax.devices()[: int(np.prod(shape))]
-    )
+    return mesh_lib.make_mesh(_sizes(shape), devices=jax.devices()[: int(np.prod(shape))])
 
 
 def _tree(rng, n=None, shapes=((4, 6), (8,), (3, 2, 4))):
@@ -60,9 +63,7 @@ def _close(got, want, **kw):
 
 
 def _strategy(name, shape, **kw):
-    return sync.strategy_from_config(
-        {"strategy": name} | kw, dict(zip(rules.MESH_AXES, shape)), rules.DEFAULT_RULES
-    )
+    return sync.strategy_from_config({"strategy": name} | kw, _sizes(shape), rules.DEFAULT_RULES)
 
 
 @pytest.mark.parametrize("nesterov", [True, False])
@@ -191,7 +192,7 @@ def test_payload_arithmetic():
 )
 def test_config_errors(kw, shape, match):
     with pytest.raises(sync.SyncConfigError, match=match):
-        sync.strategy_from_config(kw, dict(zip(rules.MESH_AXES, shape)), rules.DEFAULT_RULES)
+        sync.strategy_from_config(kw, _sizes(shape), rules.DEFAULT_RULES)
 
 
 def test_rules_that_shard_parameters_over_learners_are_refused():
