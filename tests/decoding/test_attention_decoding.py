@@ -19,7 +19,7 @@ from jaxspeech.parallel import mesh as mesh_lib
 from jaxspeech.parallel import rules
 from jaxspeech.serving import export
 from jaxspeech.training import state as state_lib
-from tests.models.test_decoder import _aed_config
+from tests.models.test_decoder import _aed_config, one_line
 
 VOCAB = 9
 
@@ -79,16 +79,6 @@ def test_each_head_resolves_auto_and_refuses_what_it_cannot_run():
     assert search.decoding_method(config) == "aed_beam"
 
 
-def _one_line(config, key: str, value, line: str) -> None:
-    section, name = key.rsplit(".", 1)
-    node = config
-    for part in section.split("."):
-        node = node[part]
-    node[name] = value
-    found = validate.mistakes(config, devices=8)
-    assert len(found) == 1 and line in found[0], found
-
-
 @pytest.mark.parametrize(
     "key,value,line",
     [
@@ -102,7 +92,7 @@ def test_ctc_options_with_the_attention_decoder_alone_are_one_line(key, value, l
     config = _aed_config((1, 8, 1, 1))
     config.model.head = "aed"
     assert validate.mistakes(config, devices=8) == []
-    _one_line(config, key, value, line)
+    one_line(config, key, value, line)
 
 
 @pytest.mark.parametrize(
@@ -120,7 +110,7 @@ def test_attention_decoding_settings_out_of_range_are_one_line(key, value, line)
     if key == "decoding.streaming":  # a streaming encoder, so that only the method is wrong
         config.model.conformer.update(causal=True, chunk_size=4)
     assert validate.mistakes(config, devices=8) == []
-    _one_line(config, key, value, line)
+    one_line(config, key, value, line)
 
 
 def test_an_onnx_export_of_the_attention_decoder_alone_is_one_clear_line(tmp_path):

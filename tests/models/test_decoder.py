@@ -197,6 +197,15 @@ def test_ctc_aed_loss_and_gradients_on_8_devices_equal_1_device():
 def test_config_mistakes_of_the_attention_decoder_are_one_line(key, value, line):
     config = _aed_config((1, 8, 1, 1))
     assert validate.mistakes(config, devices=8) == []
+    one_line(config, key, value, line)
+    config.model.head = "ctc"  # an unused decoder setting is not checked
+    if key.startswith("model.decoder"):
+        assert validate.mistakes(config, devices=8) == []
+
+
+def one_line(config, key: str, value, line: str) -> None:
+    """Set the dotted `key` of `config` to `value`: validation then reports exactly one
+    mistake, and it says `line`."""
     section, name = key.rsplit(".", 1)
     node = config
     for part in section.split("."):
@@ -204,9 +213,6 @@ def test_config_mistakes_of_the_attention_decoder_are_one_line(key, value, line)
     node[name] = value
     found = validate.mistakes(config, devices=8)
     assert len(found) == 1 and line in found[0], found
-    config.model.head = "ctc"  # an unused decoder setting is not checked
-    if key.startswith("model.decoder"):
-        assert validate.mistakes(config, devices=8) == []
 
 
 def test_stablehlo_export_of_the_decoder_step_equals_the_model(tmp_path):
