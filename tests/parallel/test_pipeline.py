@@ -1,9 +1,9 @@
 """Pipeline parallelism (jaxspeech.parallel.pipeline) on the 8-device CPU mesh: the
 schedules against the layers applied in order (outputs and gradients), the pipelined
 Conformer train step against the unpipelined one (loss, gradient, GPipe and circular,
-several microbatch counts, data/FSDP/tensor sharding inside the stages), and the
-config's mistakes as one line each, and a checkpoint saved on 4 stages restored bitwise on
-1 and 2."""
+several microbatch counts, data/FSDP/tensor sharding inside the stages, inside gradient
+accumulation), the config's mistakes as one line each, and a checkpoint saved on 4 stages
+restored bitwise on 1 and 2."""
 
 import jax
 import jax.numpy as jnp
@@ -58,7 +58,7 @@ def test_each_schedule_equals_the_layers_in_order(stages, microbatches, repeats)
     assert schedule.bubble == pytest.approx((stages - 1) / (microbatches * repeats + stages - 1))
 
 
-def _pipelined_step(mesh_sizes: dict, schedule="gpipe", microbatches=2, rows=16):
+def _pipelined_step(mesh_sizes: dict, schedule="gpipe", microbatches=2, rows=16, accum=1):
     """One plain (identity-optimizer) train step of a 4-layer scanned Conformer-CTC on
     `mesh_sizes`: (loss, grad norm, gradient, parameters, the schedules the step traced)."""
     config = demo.get_config("tiny")
@@ -84,7 +84,7 @@ def _pipelined_step(mesh_sizes: dict, schedule="gpipe", microbatches=2, rows=16)
     try:
         with rules.axis_rules(build.rules_from_config(config)):
             loss, norm, grads, params = equivalence._step_on(
-                config, mesh, mean, std, optax.identity(), 1, False
+                config, mesh, mean, std, optax.identity(), accum, False
             )
     finally:
         equivalence._batch, pipeline.run = orig, run
@@ -97,18 +97,21 @@ def unpipelined():
 
 
 @pytest.mark.parametrize(
-    "sizes,schedule,microbatches",
+    "sizes,schedule,microbatches,accum",
     [
-        ({"stage": 2, "data": 4}, "gpipe", 2),
-        ({"stage": 2, "data": 2, "fsdp": 2}, "gpipe", 4),
-        ({"stage": 4, "data": 1, "tensor": 2}, "gpipe", 1),
-        ({"stage": 2, "data": 2, "tensor": 2}, "circular", 2),
-        ({"stage": 2, "data": 4}, "circular", 4),
+        ({"stage": 2, "data": 4}, "gpipe", 2, 1),
+        ({"stage": 2, "data": 2, "fsdp": 2}, "gpipe", 4, 1),
+        ({"stage": 4, "data": 1, "tensor": 2}, "gpipe", 1, 1),
+        ({"stage": 2, "data": 2, "tensor": 2}, "circular", 2, 1),
+        ({"stage": 2, "data": 4}, "circular", 4, 1),
+        ({"stage": 2, "data": 4}, "gpipe", 2, 2),  # inside gradient accumulation
     ],
 )
-def test_a_pipelined_step_equals_the_unpipelined_step(unpipelined, sizes, schedule, microbatches):
+def test_a_pipelined_step_equals_the_unpipelined_step(
+    unpipelined, sizes, schedule, microbatches, accum
+):
     loss1, norm1, grads1, _, none = unpipelined
-    loss, norm, grads, params, traced = _pipelined_step(sizes, schedule, microbatches)
+    loss, norm, grads, params, traced = _pipelined_step(sizes, schedule, microbatches, accum=accum)
     assert none == []  # one device: the plain scan
     repeats = 2 if schedule == "circular" else 1
     assert set(traced) == {pipeline.Schedule(sizes["stage"], microbatches, repeats)}
