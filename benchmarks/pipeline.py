@@ -98,52 +98,25 @@ def make_config(model: str, quick: bool, layout: tuple):
 
 
 def compile_layout(config, batch_spec) -> dict:
-    """The train step compiled on the config's 8-device mesh with abstract arguments:
-    HLO text, memory plan, FLOPs."""
+    """The train step compiled on the config's 8-device mesh with abstract arguments
+    (`lowering.compile_train_step`): HLO text, memory plan, parameter count."""
     import jax
-    import jax.numpy as jnp
-    from jax.sharding import NamedSharding, PartitionSpec
 
     from jaxspeech.config import build
-    from jaxspeech.parallel import rules
-    from jaxspeech.training import optim
-    from jaxspeech.training import state as state_lib
-    from jaxspeech.training import step as step_lib
 
-    utterances, seconds, vocab = batch_spec
     mesh = build.mesh_from_config(config, devices=jax.devices()[:8])
-    table = build.rules_from_config(config)
-    with rules.axis_rules(table):
-        spec = build.abstract_model(config, vocab, mesh)
-    tx, _ = optim.make_optimizer(config.optim, config.train.num_steps)
-    replicated = NamedSharding(mesh, PartitionSpec())
-    o_shard = state_lib.opt_shardings(tx, spec.params, mesh, spec.param_shardings)
-    opt = rules.abstract_like(jax.eval_shape(tx.init, spec.params), o_shard)
-    step_no = jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated)
-    state = state_lib.TrainState(step_no, spec.params, spec.model_vars, opt)
-    shardings = state_lib.TrainState(replicated, spec.param_shardings, spec.var_shardings, o_shard)
-    batch = lowering.abstract_batch(mesh, utterances, seconds, config)
-    step = jax.jit(
-        step_lib.make_train_step(spec.graphdef, tx, 0, 0, config.loss),
-        in_shardings=(shardings, None),
-        out_shardings=(shardings, None),
-        donate_argnums=(0,),
-    )
-    t0 = time.perf_counter()
-    with rules.axis_rules(table), jax.set_mesh(mesh):
-        compiled = step.lower(state, batch).compile(compiler_options=lowering.COMPILER_OPTIONS)
+    compiled, params, compile_s = lowering.compile_train_step(config, mesh, batch_spec, donate=True)
     mem = compiled.memory_analysis()
-    leaves = jax.tree.leaves(spec.params)
     return {
         "hlo": compiled.as_text(),
-        "compile_s": time.perf_counter() - t0,
+        "compile_s": compile_s,
         "memory": {
             "arguments": int(mem.argument_size_in_bytes),
             "outputs": int(mem.output_size_in_bytes),
             "temporaries": int(mem.temp_size_in_bytes),
             "aliased": int(mem.alias_size_in_bytes),
         },
-        "param_count": int(sum(x.size for x in leaves)),
+        "param_count": int(sum(x.size for x in jax.tree.leaves(params))),
     }
 
 

@@ -132,49 +132,13 @@ def make_config(model: str, quick: bool):
 
 def compile_layout(config, shape: tuple[int, ...], batch_spec, opt_state: str) -> dict:
     """Lowers and compiles the train step on one (replica, data, fsdp, tensor) layout with
-    abstract arguments; returns the HLO text, FLOPs and parameter bytes."""
+    abstract arguments (`lowering.compile_train_step`); returns the HLO text, FLOPs and
+    parameter bytes."""
     import jax
-    import jax.numpy as jnp
-    from jax.sharding import NamedSharding, PartitionSpec
 
-    from jaxspeech.parallel import rules
-    from jaxspeech.training import optim
-    from jaxspeech.training import state as state_lib
-    from jaxspeech.training import step as step_lib
-
-    utterances, seconds, vocab = batch_spec
     config.mesh.replica, config.mesh.data, config.mesh.fsdp, config.mesh.tensor = shape
     mesh = build.mesh_from_config(config, devices=jax.devices()[: math.prod(shape)])
-    table = build.rules_from_config(config)  # the train loop's logical-axis rules
-    with rules.axis_rules(table):
-        spec = build.abstract_model(config, vocab, mesh)
-    params, model_vars = spec.params, spec.model_vars
-    p_shard, v_shard = spec.param_shardings, spec.var_shardings
-    tx, _ = optim.make_optimizer(config.optim, config.train.num_steps)
-    replicated = NamedSharding(mesh, PartitionSpec())
-
-    abstract_opt = jax.eval_shape(tx.init, params)
-    if opt_state == "params":  # the train loop's layout: moments sharded like parameters
-        o_shard = state_lib.opt_shardings(tx, params, mesh, p_shard)
-    elif opt_state == "replicated":
-        o_shard = jax.tree.map(lambda _: replicated, abstract_opt)
-    else:
-        raise ValueError(f"--opt-state must be params or replicated, got {opt_state!r}")
-    opt = rules.abstract_like(abstract_opt, o_shard)
-    step_no = jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated)
-    state = state_lib.TrainState(step_no, params, model_vars, opt)
-    shardings = state_lib.TrainState(replicated, p_shard, v_shard, o_shard)
-    batch = lowering.abstract_batch(mesh, utterances, seconds, config)
-    step = jax.jit(
-        step_lib.make_train_step(spec.graphdef, tx, 0, 0, config.loss),
-        in_shardings=(shardings, None),
-        out_shardings=(shardings, None),
-    )
-    t0 = time.perf_counter()
-    with rules.axis_rules(table), jax.set_mesh(mesh):
-        lowered = step.lower(state, batch)
-        compiled = lowered.compile(compiler_options=lowering.COMPILER_OPTIONS)
-    compile_s = time.perf_counter() - t0
+    compiled, params, compile_s = lowering.compile_train_step(config, mesh, batch_spec, opt_state)
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     leaves = jax.tree.leaves(params)

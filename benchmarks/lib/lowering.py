@@ -2,7 +2,8 @@
 
 The arguments are `jax.ShapeDtypeStruct`s carrying their mesh shardings, so nothing is
 initialized or transferred; the compiled text is read for its collectives
-(benchmarks/lib/hlo.py). Used by benchmarks/scaling.py and benchmarks/sync.py.
+(benchmarks/lib/hlo.py). Used by benchmarks/scaling.py, benchmarks/sync.py and
+benchmarks/pipeline.py.
 """
 
 from __future__ import annotations
@@ -42,3 +43,56 @@ def abstract_batch(mesh: Mesh, utterances: int, seconds: float, config: ConfigDi
         k: jax.ShapeDtypeStruct(s, d, sharding=mesh_lib.batch_sharding(mesh, len(s)))
         for k, (s, d) in shapes.items()
     }
+
+
+def compile_train_step(
+    config: ConfigDict, mesh: Mesh, batch_spec, opt_state: str = "params", donate: bool = False
+):
+    """The train step of `config` lowered and compiled on `mesh` with abstract arguments,
+    as the train loop builds it (its logical-axis rules, TrainState shardings, donation).
+    `batch_spec`: (utterances, seconds, vocab); `opt_state`: "params" (moments sharded like
+    the parameters: the train loop's layout) or "replicated"; `donate`: the state donated
+    (as the train loop does: memory plans then alias it).
+
+    Returns (compiled, abstract parameters, compile seconds).
+    """
+    import time
+
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from jaxspeech.config import build
+    from jaxspeech.parallel import rules
+    from jaxspeech.training import optim
+    from jaxspeech.training import state as state_lib
+    from jaxspeech.training import step as step_lib
+
+    utterances, seconds, vocab = batch_spec
+    table = build.rules_from_config(config)
+    with rules.axis_rules(table):
+        spec = build.abstract_model(config, vocab, mesh)
+    tx, _ = optim.make_optimizer(config.optim, config.train.num_steps)
+    replicated = NamedSharding(mesh, PartitionSpec())
+    abstract_opt = jax.eval_shape(tx.init, spec.params)
+    if opt_state == "params":
+        o_shard = state_lib.opt_shardings(tx, spec.params, mesh, spec.param_shardings)
+    elif opt_state == "replicated":
+        o_shard = jax.tree.map(lambda _: replicated, abstract_opt)
+    else:
+        raise ValueError(f"--opt-state must be params or replicated, got {opt_state!r}")
+    opt = rules.abstract_like(abstract_opt, o_shard)
+    step_no = jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated)
+    state = state_lib.TrainState(step_no, spec.params, spec.model_vars, opt)
+    shardings = state_lib.TrainState(replicated, spec.param_shardings, spec.var_shardings, o_shard)
+    batch = abstract_batch(mesh, utterances, seconds, config)
+    step = jax.jit(
+        step_lib.make_train_step(spec.graphdef, tx, 0, 0, config.loss),
+        in_shardings=(shardings, None),
+        out_shardings=(shardings, None),
+        donate_argnums=(0,) if donate else (),
+    )
+    t0 = time.perf_counter()
+    with rules.axis_rules(table), jax.set_mesh(mesh):
+        compiled = step.lower(state, batch).compile(compiler_options=COMPILER_OPTIONS)
+    return compiled, spec.params, time.perf_counter() - t0
