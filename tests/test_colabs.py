@@ -18,6 +18,8 @@ import pytest
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
+from tests.e2e.cli import QUICK_COMPILE_FLAGS
+
 COLABS = pathlib.Path(__file__).resolve().parents[1] / "colabs"
 NOTEBOOKS = sorted(COLABS.glob("*.ipynb"))
 # Generous next to the longest cell (training in notebook 3: about 40 s alone on 2 cores,
@@ -75,7 +77,9 @@ def test_notebook_is_stored_clean(path):
 def test_notebook_runs(path, tmp_path, monkeypatch):
     # One CPU device, as on Colab's CPU runtime (tests/conftest.py's 8 simulated devices
     # would make the tiny training runs several times slower); 04_scale asks for 8 itself.
-    monkeypatch.setenv("XLA_FLAGS", "")
+    # XLA's CPU backend without its expensive LLVM passes, as in every other test: most of
+    # a notebook's time is compiling, and the results differ only by float rounding.
+    monkeypatch.setenv("XLA_FLAGS", QUICK_COMPILE_FLAGS)
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(
         nb,

@@ -17,7 +17,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import scipy.fft
-import scipy.signal
 import soundfile
 import soxr
 
@@ -418,6 +417,10 @@ def reverberate(audio: np.ndarray, rir: np.ndarray, direct_index: int | None = N
         return audio.copy()
     rir = np.asarray(rir, dtype=np.float32)
     peak = int(np.argmax(np.abs(rir))) if direct_index is None else direct_index
+    # Imported here: scipy.signal takes ~1.6 s to import (scipy.stats with it), which
+    # every process that imports the models (training, evaluation, export) would pay.
+    import scipy.signal
+
     wet = scipy.signal.oaconvolve(audio, rir)[peak : peak + n].astype(np.float64)
     rms_in = np.sqrt(np.mean(audio.astype(np.float64) ** 2))
     rms_out = np.sqrt(np.mean(wet**2))
