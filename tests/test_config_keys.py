@@ -154,10 +154,16 @@ PLACEHOLDER = re.compile(r"[A-Z][A-Z0-9_]*")  # N, K, PATH, OTHER_RUN: "some val
 NOT_KEYS = {"json"}  # RUN/config.json, the file
 
 
+# The user guide and the reference it points to for the details.
+DOCS = ("README.md", "docs/reference.md")
+
+
 def readme_refs() -> dict[str, list]:
-    """README.md's config references (read now: the README changes), by kind."""
+    """The config references of README.md and docs/reference.md (read now: they change),
+    by kind."""
     refs = {"override": [], "reference": [], "syntax": [], "file": []}
-    for m in README_REF.finditer((REPO / "README.md").read_text()):
+    text = "\n".join((REPO / doc).read_text() for doc in DOCS)
+    for m in README_REF.finditer(text):
         _, key, value = m.groups()
         if key in NOT_KEYS:
             refs["file"].append(key)
@@ -171,27 +177,27 @@ def readme_refs() -> dict[str, list]:
 
 
 def test_readme_walk_finds_every_reference():
-    """Counted by hand in README.md: 22 settings with a value (14 as `--config.` flags: num_steps,
-    num_layers, fsdp, run_steps, init_from, log_batch_ids, features.kind, model.head=ctc+aed,
-    mesh.stage, conformer.scan_layers, and the student's train_split, distill.other_split,
-    distill.targets, distill.schedule; 8 in prose:
-    loader_shards, dtype, grad_accum, remat, eval_split, distill.other_dir,
-    features.deltas, pipeline.schedule), 48 without one
-    (batch_seconds, waveform_aug, specaug, seed, mesh.{...}, mesh.rules, mesh.rules.embed
-    (set empty), count_flops, peak_tflops, encoder, conformer.*, lstm.*, head, ctc_weight,
-    rnnt, method, the five scoring keys, lm_path, lm_weight, word_bonus, streaming,
-    sync.strategy, distill, distill.other_split, distill.schedule, features twice,
-    features.{kind, num_mel_bins, num_ceps, lifter, deltas}, model.decoder.* and
-    model.decoder.{...}, label_smoothing, ctc_weight again, the attention searches'
-    decoding.{...}, decoding.method and decoding.ctc_weight, pipeline.{...} and
-    pipeline.microbatches), the syntax
-    `--config.KEY=VALUE`
-    and RUN/config.json twice. Pinned, so a regex that stops matching cannot leave the
-    tests below with nothing to check; after editing the README's options, recount and
-    update."""
+    """Counted by hand. README.md: 12 settings with a value (num_steps, num_layers, fsdp,
+    run_steps, init_from, log_batch_ids, eval_split, and the student's train_split,
+    distill.other_split, distill.targets, distill.schedule, distill.other_dir), 41 without
+    one (features, max_corrupt_fraction, read_retries, read_backoff_s, seed, count_flops,
+    peak_tflops, encoder, conformer.*, lstm.*, head, ctc_weight, decoder.*, rnnt,
+    batch_seconds, features.{kind, num_mel_bins, num_ceps, lifter, deltas} one by one,
+    waveform_aug, specaug, mesh.{...}, mesh.rules, mesh.rules.embed (set empty),
+    pipeline.{...}, decoding.method, lm_path, lm_weight, word_bonus, streaming, the
+    attention searches' decoding.{...}, the five scoring keys, distill, distill.schedule,
+    distill.other_split, sync.strategy), the syntax `--config.KEY=VALUE` and
+    RUN/config.json twice. docs/reference.md: 10 with a value (model.head=ctc+aed,
+    mesh.stage, conformer.scan_layers, pipeline.schedule, features.kind, features.deltas,
+    dtype, grad_accum, remat, loader_shards), 9 without (model.decoder.{...},
+    label_smoothing, loss.ctc_weight, decoding.method, decoding.ctc_weight,
+    pipeline.microbatches, pipeline.gather_weights_once, model.decoder.scan_layers,
+    features). Pinned, so a regex
+    that stops matching cannot leave the tests below with nothing to check; after editing
+    the documents' options, recount and update."""
     refs = readme_refs()
     counts = {kind: len(found) for kind, found in refs.items()}
-    assert counts == {"override": 22, "reference": 48, "syntax": 1, "file": 2}, refs
+    assert counts == {"override": 22, "reference": 50, "syntax": 1, "file": 2}, refs
     assert "model.conformer.remat" in dict(refs["override"])  # the issue's example
 
 
@@ -243,7 +249,7 @@ WIRED = {
 }
 # Arguments built from another config section: the Conformer's pipeline settings come from
 # config.pipeline (jaxspeech/config/build.py: pipeline_kwargs), not model.conformer.
-FROM_PIPELINE = {"conformer": {"pipeline_microbatches", "pipeline_repeats"}}
+FROM_PIPELINE = {"conformer": {"pipeline_microbatches", "pipeline_repeats", "pipeline_gather_once"}}
 # Not passed by anyone and not a key: the blank is the tokenizer's id 0, which the losses
 # and decoders take from the tokenizer; a config value could only disagree with them.
 FIXED = {"transducer": {"blank_id"}}

@@ -65,7 +65,9 @@ def model_arguments(config: ConfigDict, vocab_size: int) -> dict:
         "encoder_kwargs": m[m.encoder].to_dict() | pipeline_kwargs(config),
         "head": m.head,
         "transducer_kwargs": m.transducer.to_dict() if "rnnt" in m.head else None,
-        "decoder_kwargs": m.decoder.to_dict() if "aed" in m.head.split("+") else None,
+        "decoder_kwargs": m.decoder.to_dict() | pipeline_kwargs(config, "decoder")
+        if "aed" in m.head.split("+")
+        else None,
         "vocab_size": vocab_size,
         "feature_config": config.features.to_dict(),
         "specaug": specaug,
@@ -73,15 +75,20 @@ def model_arguments(config: ConfigDict, vocab_size: int) -> dict:
     }
 
 
-def pipeline_kwargs(config: ConfigDict) -> dict:
-    """The Conformer's pipeline settings (`config.pipeline`; none for the LSTM, or for a
-    run whose config predates them: the defaults, which change nothing on a mesh
-    without a stage axis)."""
-    if config.model.encoder != "conformer":
+def pipeline_kwargs(config: ConfigDict, stack: str = "encoder") -> dict:
+    """The pipeline settings (`config.pipeline`) of a layer stack that can be pipelined:
+    the Conformer encoder's (none for the LSTM) or the attention decoder's. A run whose
+    config predates them reads the defaults, which change nothing on a mesh without a
+    stage axis."""
+    if stack == "encoder" and config.model.encoder != "conformer":
         return {}
     p = defaults.lookup(config, "pipeline")
     repeats = int(p["repeats"]) if p["schedule"] == "circular" else 1
-    return {"pipeline_microbatches": int(p["microbatches"]), "pipeline_repeats": repeats}
+    return {
+        "pipeline_microbatches": int(p["microbatches"]),
+        "pipeline_repeats": repeats,
+        "pipeline_gather_once": bool(defaults.lookup(config, "pipeline.gather_weights_once")),
+    }
 
 
 def pipeline_rows(config: ConfigDict, mesh: Mesh) -> int:

@@ -427,6 +427,8 @@ def _pipeline(c: ConfigDict, stages: int, report: Report) -> None:
             f"model.conformer.num_layers={e.num_layers} does not split into {what}: it must "
             f"be a multiple of {groups}"
         )
+    if "aed" in str(c.model.head).split("+"):
+        _pipelined_decoder(c, stages, repeats, report)
     if circular and c.pipeline.microbatches < stages:
         report(
             f"pipeline.schedule=circular needs pipeline.microbatches >= mesh.stage={stages} "
@@ -437,6 +439,24 @@ def _pipeline(c: ConfigDict, stages: int, report: Report) -> None:
         report(
             f"mesh.stage={stages} runs with sync.strategy=allreduce only (the other "
             f"strategies' learners would each need the whole pipeline), got {c.sync.strategy}"
+        )
+
+
+def _pipelined_decoder(c: ConfigDict, stages: int, repeats: int, report: Report) -> None:
+    """mesh.stage > 1 with an attention decoder: its scanned layers split into the stages
+    (and groups) as the encoder's do."""
+    d = c.model.decoder
+    if not d.scan_layers:
+        report(
+            f"mesh.stage={stages} pipelines the attention decoder's layer stack too: set "
+            "model.decoder.scan_layers=True"
+        )
+    elif ranges.valid(c, "model.decoder.num_layers") and d.num_layers % (stages * repeats):
+        groups = stages * repeats
+        report(
+            f"model.decoder.num_layers={d.num_layers} does not split into {stages} stages"
+            + (f" x {repeats} groups" if repeats > 1 else "")
+            + f": it must be a multiple of {groups}"
         )
 
 

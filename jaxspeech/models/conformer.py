@@ -29,6 +29,7 @@ from jaxspeech.models.layers import (
     LayerNorm,
     RelPositionAttention,
     layer_stack,
+    pipelined_stack,
 )
 from jaxspeech.models.subsampling import Conv2dSubsampling, subsampled_length
 from jaxspeech.parallel import pipeline
@@ -174,6 +175,7 @@ class ConformerEncoder(nnx.Module):
         remat: str = "none",
         pipeline_microbatches: int = 4,
         pipeline_repeats: int = 1,
+        pipeline_gather_once: bool = True,
         dtype: Dtype = jnp.float32,
         rngs: nnx.Rngs,
     ):
@@ -208,6 +210,7 @@ class ConformerEncoder(nnx.Module):
         # stages (jaxspeech.parallel.pipeline); elsewhere (one device, export) as a scan.
         self.pipeline_microbatches = pipeline_microbatches
         self.pipeline_repeats = pipeline_repeats
+        self.pipeline_gather_once = pipeline_gather_once
         self.dtype = dtype
         make = lambda r: ConformerBlock(
             dim, num_heads, ff_mult, conv_kernel, dropout, causal=causal, dtype=dtype, rngs=r
@@ -258,34 +261,25 @@ class ConformerEncoder(nnx.Module):
         deterministic: bool,
         rngs: nnx.Rngs | None,
     ) -> jax.Array:
-        """The scanned blocks as a pipeline over the mesh's stage axis (`pipeline.run`);
-        the padding (and chunk) masks travel with the microbatches. Dropout draws from a
-        key per (layer group, microbatch, layer)."""
-        schedule = pipeline.Schedule(
-            pipeline.stages_in_mesh(), self.pipeline_microbatches, self.pipeline_repeats
-        )
-        schedule = pipeline.fit(schedule, x_btd.shape[0])
-        block_def, block_state = nnx.split(self.blocks)
-        key = rngs.dropout() if rngs is not None and not deterministic else None
+        """The scanned blocks as a pipeline over the mesh's stage axis (`pipelined_stack`);
+        the padding (and chunk) masks travel with the microbatches."""
 
-        def apply_group(p, x, ex, group, microbatch):
-            def one(x, layer):
-                state, index = layer
-                r = None
-                if key is not None:
-                    k = jax.random.fold_in(jax.random.fold_in(key, group), microbatch)
-                    r = nnx.Rngs(dropout=jax.random.fold_in(k, index))
-                block = nnx.merge(block_def, state)
-                y = block(
-                    x, ex["mask"], deterministic=deterministic, rngs=r, attn_mask=ex.get("attn")
-                )
-                return y, None
-
-            per = jax.tree.leaves(p)[0].shape[0]
-            return jax.lax.scan(one, x, (p, jnp.arange(per)))[0]
+        def call(block, x, ex, r):
+            return block(
+                x, ex["mask"], deterministic=deterministic, rngs=r, attn_mask=ex.get("attn")
+            )
 
         extras = {"mask": mask_bt} | ({"attn": attn_mask} if attn_mask is not None else {})
-        return pipeline.run(apply_group, block_state, x_btd, extras, schedule)
+        return pipelined_stack(
+            self.blocks,
+            x_btd,
+            extras,
+            call,
+            microbatches=self.pipeline_microbatches,
+            repeats=self.pipeline_repeats,
+            gather_once=self.pipeline_gather_once,
+            key=rngs.dropout() if rngs is not None and not deterministic else None,
+        )
 
     def _chunk_mask(
         self, mask_bt: jax.Array, *, deterministic: bool, rngs: nnx.Rngs | None

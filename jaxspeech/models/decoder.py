@@ -35,7 +35,9 @@ from jaxspeech.models.layers import (
     distance_sinusoids,
     layer_stack,
     logical_init,
+    pipelined_stack,
 )
+from jaxspeech.parallel import pipeline
 from jaxspeech.parallel.rules import constrain
 
 SOS_EOS = BLANK_ID  # the decoder's <sos> and <eos> (see the module docstring)
@@ -223,6 +225,9 @@ class AttentionDecoder(nnx.Module):
         ff_mult: int = 4,
         dropout: float = 0.1,
         scan_layers: bool = False,
+        pipeline_microbatches: int = 4,
+        pipeline_repeats: int = 1,
+        pipeline_gather_once: bool = True,
         dtype: Dtype = jnp.float32,
         rngs: nnx.Rngs,
     ):
@@ -237,7 +242,12 @@ class AttentionDecoder(nnx.Module):
         make = lambda r: DecoderBlock(  # noqa: E731
             dim, enc_dim, num_heads, ff_mult, dropout, dtype=dtype, rngs=r
         )
-        self.blocks = layer_stack(make, num_layers, scan_layers, rngs)
+        # A scanned stack's layer axis is "layers": on a mesh with a stage axis > 1 it splits
+        # into the pipeline's stages, as the Conformer's does (jaxspeech.parallel.pipeline).
+        self.blocks = layer_stack(make, num_layers, scan_layers, rngs, axis="layers")
+        self.pipeline_microbatches = pipeline_microbatches
+        self.pipeline_repeats = pipeline_repeats
+        self.pipeline_gather_once = pipeline_gather_once
         self.norm = LayerNorm(dim, dtype=dtype, rngs=rngs)
         self.out = Dense(dim, vocab_size, ("embed", "vocab"), dtype=dtype, rngs=rngs)
         self.dim, self.num_layers, self.scan_layers = dim, num_layers, scan_layers
@@ -274,6 +284,19 @@ class AttentionDecoder(nnx.Module):
         if not self.scan_layers:
             for block in self.blocks:
                 x = body(x, block, rngs)
+        elif pipeline.stages_in_mesh() > 1:
+            x = pipelined_stack(
+                self.blocks,
+                x,
+                {"enc": enc_bte, "enc_mask": enc_mask},  # travel with the microbatches
+                lambda block, x, ex, r: block(
+                    x, ex["enc"], self_mask, ex["enc_mask"], deterministic=deterministic, rngs=r
+                ),
+                microbatches=self.pipeline_microbatches,
+                repeats=self.pipeline_repeats,
+                gather_once=self.pipeline_gather_once,
+                key=rngs.dropout() if rngs is not None and not deterministic else None,
+            )
         elif rngs is None or deterministic:
             scan = nnx.scan(
                 lambda x, b: body(x, b, None), in_axes=(nnx.Carry, 0), out_axes=nnx.Carry

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxspeech.parallel import pipeline, rules
 from jaxspeech.parallel.rules import constrain
 
 Dtype = jnp.dtype
@@ -46,6 +47,50 @@ def layer_stack(
         )
         return nnx.split_rngs(splits=num_layers)(stacked)(rngs)
     return nnx.List([make(rngs) for _ in range(num_layers)])
+
+
+def pipelined_stack(
+    blocks: nnx.Module,
+    x: jax.Array,
+    extras: dict,
+    call: Callable,
+    *,
+    microbatches: int,
+    repeats: int,
+    gather_once: bool,
+    key: jax.Array | None,
+) -> jax.Array:
+    """A scanned `layer_stack` (axis "layers") applied to (B, ...) `x` as a pipeline over
+    the mesh's stage axis (`jaxspeech.parallel.pipeline.run`, `microbatches` and `repeats`
+    fitted to B). `extras`: (B, ...) arrays that travel with the microbatches (masks,
+    encodings); call(block, x, extras' microbatch, rngs or None) -> x applies one layer.
+    Dropout draws from `key` (None: deterministic) folded with the layer group, the
+    microbatch and the layer, so every slot draws its own masks.
+
+    `gather_once`: the stack's weights all-gathered over the data-parallel mesh axes
+    (FSDP) once, before the loop; their gradients are summed across iterations and
+    reduce-scattered once after it. Left to XLA, the gathers sit in the loop body and run
+    at every iteration (MaxText's pipeline_fsdp_ag_once)."""
+    schedule = pipeline.Schedule(pipeline.stages_in_mesh(), microbatches, repeats)
+    schedule = pipeline.fit(schedule, x.shape[0])
+    block_def, block_state = nnx.split(blocks)
+    if gather_once:
+        data_axes = [a for a in rules.batch_axes() if a != pipeline.STAGE_AXIS]
+        block_state = rules.constrain_state(block_state, data_axes)
+
+    def apply_group(p, x, ex, group, microbatch):
+        def one(x, layer):
+            state, index = layer
+            r = None
+            if key is not None:
+                k = jax.random.fold_in(jax.random.fold_in(key, group), microbatch)
+                r = nnx.Rngs(dropout=jax.random.fold_in(k, index))
+            return call(nnx.merge(block_def, state), x, ex, r), None
+
+        per = jax.tree.leaves(p)[0].shape[0]
+        return jax.lax.scan(one, x, (p, jnp.arange(per)))[0]
+
+    return pipeline.run(apply_group, block_state, x, extras, schedule)
 
 
 class Dropout(nnx.Dropout):

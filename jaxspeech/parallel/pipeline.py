@@ -152,14 +152,21 @@ def run(
     extras_m = jax.tree.map(lambda e: _split_rows(e, m), extras)
     items = m * r
     stage_ids = jnp.arange(s, dtype=jnp.int32)
-    step = jax.checkpoint(apply_group)  # keep stage inputs only; recompute the rest
+
+    def group_of(p_rs, rep, x_s, ex_s, group, microbatch):
+        p = jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, rep, 0, keepdims=False), p_rs)
+        return apply_group(p, x_s, ex_s, group, microbatch)
+
+    # Keep stage inputs only and recompute the rest. The stage's weights enter whole
+    # (loop-invariant: the backward pass keeps them once), not as this iteration's
+    # slice, which the scan would save at every iteration.
+    step = jax.checkpoint(group_of)
 
     def on_stage(p_rs, x_s, ex_s, k, stage):
         """One stage's slot: item k (microbatch k % M, repeat k // M) if it exists."""
         kc = jnp.clip(k, 0, items - 1)
         rep = kc // m
-        p = jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, rep, 0, keepdims=False), p_rs)
-        return step(p, x_s, ex_s, rep * s + stage, kc % m)
+        return step(p_rs, rep, x_s, ex_s, rep * s + stage, kc % m)
 
     def iteration(carry, i):
         state, done = carry  # (S, b, ...) stage inputs; (M, b, ...) last stage's outputs

@@ -254,6 +254,32 @@ def _logical_axes(var) -> tuple | None:
     return var.get_metadata().get("out_sharding")
 
 
+def batch_axes() -> tuple[str, ...]:
+    """The mesh axes the table in force splits examples over (the `batch` rule)."""
+    axes = dict(active_rules()).get("batch")
+    return () if axes is None else ((axes,) if isinstance(axes, str) else tuple(axes))
+
+
+def constrain_state(state, drop_axes: Sequence[str]):
+    """An `nnx.State` whose every variable is constrained to its logical-axis sharding
+    with the mesh axes `drop_axes` removed (replicated over them): e.g. FSDP-sharded
+    weights all-gathered once, where a loop would otherwise gather them on every
+    iteration. A no-op outside a mesh context."""
+    from flax import nnx
+
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return state
+    table = without_axes(active_rules(), drop_axes)
+
+    def one(var):
+        value = var.get_value()
+        spec = fit_spec(value.shape, logical_to_spec(_logical_axes(var), table), mesh)
+        return var.copy(jax.lax.with_sharding_constraint(value, spec))
+
+    return nnx.from_flat_state([(path, one(var)) for path, var in nnx.to_flat_state(state)])
+
+
 def state_axes(state) -> dict:
     """Logical-axis tuples (or None) of an `nnx.State`'s variables; scanned layers add a
     leading unnamed axis."""

@@ -33,6 +33,7 @@ EXEMPT = {
     "model.conformer.scan_layers": "a bool: both values are valid",
     "model.conformer.dynamic_chunk": "a bool: both values are valid",
     "model.decoder.scan_layers": "a bool: both values are valid",
+    "pipeline.gather_weights_once": "a bool: both values are valid",
     "loss.rnnt_encoder_warmup": "a bool: both values are valid",
     "scoring.lowercase": "a bool: both values are valid",
     "scoring.remove_punctuation": "a bool: both values are valid",
@@ -94,6 +95,14 @@ BAD: dict[str, list[tuple[object, str]]] = {
 CTC_RNNT = [("model.head", "ctc+rnnt"), ("decoding.method", "auto")]  # (ctc_aed: aed_beam)
 CTC_AED = [("model.head", "ctc+aed")]
 MFCC = [("features.kind", "mfcc")]
+# Stacks that split into 2 stages x 2 groups: the Conformer's, and a decoder's (ctc_aed).
+PIPELINED = [
+    ("mesh.stage", 2),
+    ("model.conformer.scan_layers", True),
+    ("model.conformer.num_layers", 8),
+    ("model.decoder.scan_layers", True),
+    ("model.decoder.num_layers", 4),
+]
 ENABLE: dict[str, list[tuple[str, object]]] = {
     "features.num_ceps": MFCC,
     "features.lifter": MFCC,
@@ -123,17 +132,8 @@ ENABLE: dict[str, list[tuple[str, object]]] = {
         ("waveform_aug.noise_prob", 0.5),
         ("waveform_aug.noise_manifest", ""),
     ],
-    "pipeline.": [
-        ("mesh.stage", 2),
-        ("model.conformer.scan_layers", True),
-        ("model.conformer.num_layers", 8),
-    ],
-    "pipeline.repeats": [
-        ("mesh.stage", 2),
-        ("model.conformer.scan_layers", True),
-        ("model.conformer.num_layers", 8),
-        ("pipeline.schedule", "circular"),
-    ],
+    "pipeline.": PIPELINED,
+    "pipeline.repeats": [*PIPELINED, ("pipeline.schedule", "circular")],
     "sync.block_": [("sync.strategy", "bmuf")],
     "sync.gtc_": [("sync.strategy", "gtc")],
     "sync.outer": [("sync.strategy", "hierarchical"), ("mesh.replica", 2)],

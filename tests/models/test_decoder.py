@@ -179,9 +179,10 @@ def test_ctc_aed_loss_and_gradients_on_8_devices_equal_1_device():
     np.testing.assert_allclose(loss8, loss1, rtol=1e-5)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), grads8, grads1)
     assert max(float(np.abs(g).max()) for g in jax.tree.leaves(grads1["decoder"])) > 1e-4
-    # Decoder weights shard by the same table: (layers, embed, heads, kv) -> fsdp, tensor.
+    # Decoder weights shard by the same table: (layers, embed, heads, kv) -> stage (a
+    # size-1 axis here: the pipeline splits the stack there), fsdp, tensor.
     wq = params8["decoder"]["blocks"]["self_attn"]["wq"]
-    assert tuple(wq.sharding.spec) == (None, "fsdp", "tensor", None)
+    assert tuple(wq.sharding.spec) == ("stage", "fsdp", "tensor", None)
     assert tuple(params8["decoder"]["out"]["kernel"].sharding.spec) == ("fsdp", "tensor")
 
 

@@ -6,6 +6,7 @@ accumulation), the config's mistakes as one line each, and a checkpoint saved on
 restored bitwise on 1 and 2."""
 
 import jax
+import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -58,11 +59,16 @@ def test_each_schedule_equals_the_layers_in_order(stages, microbatches, repeats)
     assert schedule.bubble == pytest.approx((stages - 1) / (microbatches * repeats + stages - 1))
 
 
-def _pipelined_step(mesh_sizes: dict, schedule="gpipe", microbatches=2, rows=16, accum=1):
-    """One plain (identity-optimizer) train step of a 4-layer scanned Conformer-CTC on
+def _pipelined_step(
+    mesh_sizes: dict, schedule="gpipe", microbatches=2, rows=16, accum=1, head="ctc"
+):
+    """One plain (identity-optimizer) train step of a 4-layer scanned Conformer-CTC (with
+    `head` ctc+aed: and a 2-layer scanned attention decoder, without dropout) on
     `mesh_sizes`: (loss, grad norm, gradient, parameters, the schedules the step traced)."""
     config = demo.get_config("tiny")
     config.model.conformer.update(dim=16, num_heads=2, num_layers=4, scan_layers=True)
+    config.model.head = head
+    config.model.decoder.update(dim=16, num_heads=2, num_layers=2, scan_layers=True, dropout=0.0)
     config.specaug.enabled = False
     config.pipeline.update(microbatches=microbatches, schedule=schedule, repeats=2)
     for axis in rules.MESH_AXES:
@@ -94,6 +100,21 @@ def _pipelined_step(mesh_sizes: dict, schedule="gpipe", microbatches=2, rows=16,
 @pytest.fixture(scope="module")
 def unpipelined():
     return _pipelined_step({"data": 1})
+
+
+def test_the_attention_decoder_is_pipelined_too():
+    """ctc+aed on 2 stages x 4 data: the encoder's and the decoder's layer stacks are each
+    pipelined (two traced schedules), the decoder's encodings and masks travelling with its
+    microbatches; loss and gradients equal one device's."""
+    loss1, norm1, grads1, _, none = _pipelined_step({"data": 1}, head="ctc+aed")
+    loss, norm, grads, params, traced = _pipelined_step(
+        {"stage": 2, "data": 4}, microbatches=2, head="ctc+aed"
+    )
+    assert none == [] and traced == [pipeline.Schedule(2, 2, 1)] * 2
+    np.testing.assert_allclose(loss, loss1, rtol=1e-5)
+    np.testing.assert_allclose(norm, norm1, rtol=1e-4)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4), grads, grads1)
+    assert params["decoder"]["blocks"]["ff"]["up"]["kernel"].sharding.spec[0] == "stage"
 
 
 @pytest.mark.parametrize(
@@ -165,6 +186,27 @@ def test_layers_that_do_not_split_into_the_stages_are_one_line():
     ]
 
 
+@pytest.mark.parametrize(
+    "decoder,line",
+    [
+        (
+            {"scan_layers": False, "num_layers": 2},
+            "mesh.stage=2 pipelines the attention decoder's layer stack too: set "
+            "model.decoder.scan_layers=True",
+        ),
+        (
+            {"scan_layers": True, "num_layers": 3},
+            "model.decoder.num_layers=3 does not split into 2 stages: it must be a multiple of 2",
+        ),
+    ],
+)
+def test_a_decoder_that_cannot_be_pipelined_is_one_line(decoder, line):
+    config = _tiny()
+    config.model.head = "ctc+aed"
+    config.model.decoder.update(**decoder)
+    assert validate.mistakes(config, devices=8) == [line]
+
+
 def _scanned_config():
     config = demo.get_config("tiny")
     config.model.conformer.update(dim=16, num_heads=2, num_layers=4, scan_layers=True)
@@ -231,3 +273,61 @@ def test_a_run_saved_on_4_stages_restores_bitwise_on_1_and_2(saved_on_4_stages, 
     kernel = out["model"]["params"]["encoder"]["blocks"]["ff1"]["up"]["kernel"]
     stages = sizes.get("stage", 1)
     assert len({str(s.index[0]) for s in kernel.addressable_shards}) == stages
+
+
+def _loop_all_gather_bytes(once: bool) -> float:
+    """Bytes all-gathered per step inside loops (ops run more than once) by the compiled
+    train step of a 4-layer Conformer on 2 stages x FSDP 4, circular schedule."""
+    from benchmarks import pipeline as bench
+    from benchmarks.lib import hlo
+
+    config = bench.make_config("tiny", True, ("t", 2, 4, "circular", 4, 2, once))
+    text = bench.compile_layout(config, (16, 1.0, 32))["hlo"]
+    ops = hlo.parse_collectives(text)
+    return sum(
+        o["bytes"] * o["executions"]
+        for o in ops
+        if o["kind"] == "all-gather" and o["executions"] > 1
+    )
+
+
+def test_fsdp_weights_are_gathered_once_per_step_not_per_iteration():
+    """pipeline.gather_weights_once: the stage's FSDP-sharded weights are all-gathered
+    before the loop; left to XLA, the gathers sit in the loop body and run at every one of
+    its M R + S - 1 iterations (forward and backward). What still crosses devices inside
+    the loop with them gathered once is the microbatch's activations (a few KiB here)."""
+    once, every = _loop_all_gather_bytes(True), _loop_all_gather_bytes(False)
+    assert every > 0
+    assert once < 0.1 * every, (once, every)
+
+
+@pytest.mark.parametrize("stages,microbatches,repeats", [(2, 4, 1), (2, 4, 2)])
+def test_the_backward_pass_keeps_the_weights_once_not_per_iteration(stages, microbatches, repeats):
+    """The forward loop saves each slot's input for the backward pass; the stage's weights
+    are loop-invariant and must be saved once, not sliced and stacked per iteration (with
+    weights gathered once, a per-iteration copy cost Conformer-XL 7 GiB on 2 stages). So no
+    loop of the differentiated program outputs more than the weights' size."""
+    w = jax.random.normal(jax.random.key(0), (L, D, D))
+    x = jax.random.normal(jax.random.key(1), (B, D))
+    mask = jnp.ones(B)
+    schedule = pipeline.Schedule(stages, microbatches, repeats)
+    mesh = mesh_lib.make_mesh({"stage": stages, "data": 8 // stages})
+    with jax.set_mesh(mesh):
+        jaxpr = jax.make_jaxpr(
+            jax.grad(lambda w: jnp.sum(pipeline.run(_apply_group, w, x, mask, schedule) ** 2))
+        )(w)
+
+    def scans(jaxpr):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "scan":
+                yield eqn
+            for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+                yield from scans(sub)
+
+    loops = list(scans(jaxpr.jaxpr))
+    assert len(loops) >= 2  # the schedule's forward loop and its transpose
+    group = (L // (stages * repeats), D, D)  # one layer group's weights
+    for eqn in loops:
+        weights = [v.aval for v in eqn.outvars if v.aval.shape[-3:] == group]
+        # Only the gradient's accumulators (R, S, L / G, D, D): all layers' size, once.
+        assert all(a.size <= w.size for a in weights), (schedule, [a.shape for a in weights])
