@@ -420,6 +420,11 @@ def _sync(c: ConfigDict) -> None:
     # the residual and is counted (sync/gtc_overflow)
     c.sync.gtc_capacity = s["gtc_capacity"]
     c.sync.gtc_values = s["gtc_values"]  # gtc: sign (+-tau, 4 bytes per element) | float (8 bytes)
+    # gtc: the first steps exchange the learners' dense mean update (an all-reduce; the
+    # residual waits at zero), then compress: the reference compressed a model already
+    # trained synchronously for a while, and compressing from step 0 delays the escape
+    # from the blank plateau.
+    c.sync.gtc_dense_steps = s["gtc_dense_steps"]
     # gossip: mix with the neighbours' parameters from before this step's update, so the
     # exchange overlaps the step's compute (D-PSGD; the synchronous form of AD-PSGD)
     c.sync.gossip_overlap = s["gossip_overlap"]

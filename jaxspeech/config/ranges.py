@@ -134,6 +134,7 @@ RANGES: dict[str, str] = {
     "sync.gtc_tau": ">= 0",
     "sync.gtc_density": "in [0, 1]",
     "sync.gtc_capacity": "in (0, 1]",
+    "sync.gtc_dense_steps": ">= 0",
 }
 
 Report = Callable[[str], None]

@@ -401,7 +401,7 @@ def _sync_keys(c: ConfigDict) -> list[str]:
     if method == "bmuf":
         return ["sync.block_steps", "sync.block_momentum", "sync.block_lr", "sync.block_gain"]
     if method == "gtc":
-        return ["sync.gtc_tau", "sync.gtc_density", "sync.gtc_capacity"]
+        return ["sync.gtc_tau", "sync.gtc_density", "sync.gtc_capacity", "sync.gtc_dense_steps"]
     return []
 
 

@@ -76,6 +76,7 @@ class Strategy:
     density: float = 0.0
     capacity: float = 1.0
     values: str = "float"
+    dense_steps: int = 0  # gtc: steps that exchange the dense mean update first
     overlap: bool = False
 
     @property
@@ -106,6 +107,7 @@ def default_sync_config() -> dict:
         "gtc_density": 0.002,
         "gtc_capacity": 0.004,
         "gtc_values": "sign",
+        "gtc_dense_steps": 0,
         "gossip_overlap": False,
     }
 
@@ -218,7 +220,12 @@ def _gtc_strategy(cfg: dict, common: dict) -> Strategy:
             "sync.gtc_values=sign sends +-tau: set sync.gtc_tau > 0 or sync.gtc_density > 0 "
             "(adaptive tau), or use gtc_values=float"
         )
-    return Strategy(**common, tau=tau, density=density, capacity=float(cap), values=values)
+    dense = cfg["gtc_dense_steps"]
+    if isinstance(dense, bool) or not isinstance(dense, int) or dense < 0:
+        raise SyncConfigError(f"sync.gtc_dense_steps must be an integer >= 0, got {dense!r}")
+    return Strategy(
+        **common, tau=tau, density=density, capacity=float(cap), values=values, dense_steps=dense
+    )
 
 
 def _check_rules(table: rules.Rules, axes: tuple[str, ...], mesh_shape: Mapping[str, int]):
@@ -491,6 +498,23 @@ def gtc_exchange(residual, grads, *, s: Strategy, mesh: Mesh, specs):
     new_res = treedef.unflatten([o[1] for o in outs])
     total = sum((o[2] for o in outs), jnp.zeros((2,), jnp.float32))
     return agg, new_res, {"sent": total[0], "overflow": total[1]}
+
+
+def dense_exchange(residual, grads, *, mesh: Mesh, specs):
+    """GTC's dense warm-up (`sync.gtc_dense_steps`): `gtc_exchange`'s results for an
+    exchange of every learner's whole update (an all-reduce over the learner axes). The
+    sum is sharded `spec` as the compressed one is; the residual passes through untouched;
+    every element counts as sent."""
+
+    def one(spec, g):
+        return jax.lax.with_sharding_constraint(jnp.sum(g, axis=0), NamedSharding(mesh, spec))
+
+    spec_leaves, treedef = jax.tree.flatten(specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
+    agg = treedef.unflatten(
+        [one(sp, g) for sp, g in zip(spec_leaves, treedef.flatten_up_to(grads))]
+    )
+    sent = jnp.float32(sum(x.size for x in jax.tree.leaves(grads)))
+    return agg, residual, {"sent": sent, "overflow": jnp.float32(0.0)}
 
 
 # ------------------------------------------------------------------ payload arithmetic

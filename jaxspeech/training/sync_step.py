@@ -24,6 +24,7 @@ Metrics add "sync_bytes_per_step" (payload arithmetic) and, for GTC, "sync_densi
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import jax
@@ -71,10 +72,12 @@ def _over_learners(fn: Callable, in_axes: tuple, axes: tuple) -> Callable:
     return run
 
 
-def _payload(strategy: sync.Strategy, params, param_shardings: dict, mesh) -> jax.Array:
-    """Bytes per device per step of the exchange (static: from shapes at trace time)."""
-    out = sync.payload_bytes(strategy, params, param_shardings, mesh)["bytes_per_step"]
-    return jnp.float32(out)
+def _payload(
+    strategy: sync.Strategy, params, param_shardings: dict, mesh, kind: str = "bytes_per_step"
+) -> jax.Array:
+    """Bytes per device per step of the exchange (static: from shapes at trace time);
+    `kind` is a key of `sync.payload_bytes`'s result."""
+    return jnp.float32(sync.payload_bytes(strategy, params, param_shardings, mesh)[kind])
 
 
 def _learner_metrics(sums: dict, grad_norm, param_norm, finite) -> dict:
@@ -182,12 +185,21 @@ def _gtc_step(accumulated, tx, seed, strategy, param_shardings):
             step,
         )
         sums = jax.tree.map(lambda x: jnp.sum(x, axis=0), sums)
-        summed, residual, counts = sync.gtc_exchange(
-            state.sync["residual"], updates, s=strategy, mesh=mesh, specs=specs
-        )
+        args = (state.sync["residual"], updates)
+        compressed = functools.partial(sync.gtc_exchange, s=strategy, mesh=mesh, specs=specs)
+        payload = _payload(strategy, state.params, param_shardings, mesh)
+        if strategy.dense_steps > 0:  # the dense warm-up (no cond at all without one)
+            dense = step < strategy.dense_steps
+            full = functools.partial(sync.dense_exchange, mesh=mesh, specs=specs)
+            summed, residual, counts = jax.lax.cond(dense, full, compressed, *args)
+            dense_bytes = "dense_bytes_per_step"
+            all_reduce = _payload(strategy, state.params, param_shardings, mesh, dense_bytes)
+            payload = jnp.where(dense, all_reduce, payload)
+        else:
+            summed, residual, counts = compressed(*args)
         params = jax.tree.map(lambda p, u: p + u / n, state.params, summed)
         metrics = _learner_metrics(sums, grad_norm, optax.tree.norm(params), finite)
-        metrics["sync_bytes_per_step"] = _payload(strategy, params, param_shardings, mesh)
+        metrics["sync_bytes_per_step"] = payload
         metrics["sync_density"] = counts["sent"] / (
             n * sum(x.size for x in jax.tree.leaves(params))
         )

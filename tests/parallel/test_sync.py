@@ -340,3 +340,19 @@ def test_allreduce_strategy_is_the_plain_step():
     assert s.method == "allreduce" and not s.has_state
     fn = make_train_step(None, optax.sgd(1.0), 0, 0, config.loss, strategy=s)
     assert fn.__name__ == "train_step"
+
+
+def test_gtc_exchanges_dense_updates_for_its_warm_up_then_compresses(allreduce):
+    """sync.gtc_dense_steps=2 on a lossy GTC (1-bit, 20% density): steps 1-2 exchange every
+    learner's whole update (with SGD learners: the all-reduce step, so the losses follow
+    all-reduce's), step 3 compresses and leaves a residual."""
+    _, want_metrics, _ = allreduce
+    lossy = dict(strategy="gtc", gtc_values="sign", gtc_density=0.2, gtc_capacity=0.25)
+    _, metrics, state = _run((1, 4, 2, 1), steps=3, gtc_dense_steps=2, **lossy)
+    for m, w in zip(metrics[:2], want_metrics):
+        np.testing.assert_allclose(m["loss"], w["loss"], rtol=1e-5)
+    assert [m["sync_density"] for m in metrics[:2]] == [1.0, 1.0]
+    assert 0 < metrics[2]["sync_density"] <= 0.25
+    assert metrics[0]["sync_bytes_per_step"] > metrics[2]["sync_bytes_per_step"]  # all-reduce
+    residual = jax.tree.leaves(jax.tree.map(np.asarray, state.sync["residual"]))
+    assert max(float(np.abs(r).max()) for r in residual) > 0
