@@ -1,4 +1,5 @@
-"""The ``manifest`` reader: JSON lines ``{"audio_filepath", "text", "duration", "speaker"}``."""
+"""The ``manifest`` reader: JSON lines ``{"audio_filepath", "text", "duration", "speaker"}``
+(NeMo's manifests), with NeMo's ``offset`` for segments of longer recordings."""
 
 from __future__ import annotations
 
@@ -15,12 +16,16 @@ from data_prep.readers.textfiles import is_remote, line_chunks, read_line_chunk
 
 MANIFEST_LINES_PER_CHUNK = 2_000
 
-# Skip reason (a key of prep_report.json["skipped"]).
+# Skip reasons (keys of prep_report.json["skipped"]).
 MALFORMED = "malformed_manifest_line"
+BAD_SEGMENT = "bad_offset_or_duration"  # offset < 0, duration <= 0, or not numbers
 
 
-def _manifest_item_id(entry: dict[str, Any], audio_filepath: str, base_dir: str) -> str:
-    """An explicit "id", else the audio path relative to the manifest, without extension."""
+def _manifest_item_id(
+    entry: dict[str, Any], audio_filepath: str, base_dir: str, start: float | None = None
+) -> str:
+    """An explicit "id", else the audio path relative to the manifest, without extension,
+    and for a segment its offset in centiseconds (segments of one recording stay apart)."""
     explicit = entry.get("id")
     if isinstance(explicit, str) and explicit:
         return explicit
@@ -28,7 +33,31 @@ def _manifest_item_id(entry: dict[str, Any], audio_filepath: str, base_dir: str)
     if os.path.isabs(path):
         rel = os.path.relpath(path, base_dir)
         path = rel if not rel.startswith("..") else path
-    return os.path.splitext(path)[0].replace(os.sep, "/")
+    base = os.path.splitext(path)[0].replace(os.sep, "/")
+    return base if start is None else f"{base}-{int(round(start * 100)):07d}"
+
+
+def _number(value: Any) -> float | None:
+    """A JSON number as a finite float; None for anything else (bools and strings too)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if value == value and abs(value) != float("inf") else None
+
+
+def manifest_segment(entry: dict[str, Any]) -> tuple[float, float | None] | None:
+    """(start, end) seconds of an entry's audio: NeMo's ``offset`` with ``duration``
+    (end None: to the end of the recording); (0.0, None) without ``offset``, where
+    ``duration`` is not trusted (it is measured). None: an offset or duration that is
+    not a number, a negative offset, a duration <= 0."""
+    if entry.get("offset") is None:
+        return 0.0, None
+    start = _number(entry["offset"])
+    duration = None if entry.get("duration") is None else _number(entry["duration"])
+    if start is None or start < 0 or (entry.get("duration") is not None and duration is None):
+        return None
+    if duration is not None and duration <= 0:
+        return None
+    return start, None if duration is None else start + duration
 
 
 def parse_manifest_line(line: bytes, line_no: int, name: str, base_dir: str) -> Item | None:
@@ -58,12 +87,20 @@ def parse_manifest_line(line: bytes, line_no: int, name: str, base_dir: str) -> 
         full_path = audio_filepath
     else:
         full_path = FileSystems.join(base_dir, audio_filepath)
+    segment = manifest_segment(entry)
+    if segment is None:
+        return malformed._replace(error=BAD_SEGMENT)
+    start, end = segment
     return Item(
-        id=_manifest_item_id(entry, audio_filepath, base_dir),
+        id=_manifest_item_id(
+            entry, audio_filepath, base_dir, None if entry.get("offset") is None else start
+        ),
         audio_path=full_path,
         text=text,
         speaker=NO_SPEAKER if speaker is None or speaker == "" else str(speaker),
         position=line_no,
+        start=start,
+        end=end,
     )
 
 
@@ -79,9 +116,11 @@ def read_manifest_chunk(chunk: tuple[int, int, int], path: str) -> Iterator[Item
 
 @register_reader("manifest")
 def read_manifest(p: beam.Pipeline, cfg: Any) -> beam.PCollection:
-    """JSON lines {"audio_filepath", "text", "duration", "speaker"}; relative audio paths are
-    relative to the manifest's directory; "speaker" is optional; "duration" is not trusted
-    (it is measured from the audio)."""
+    """JSON lines {"audio_filepath", "text", "duration", "speaker", "offset"}; relative
+    audio paths are relative to the manifest's directory; "speaker" is optional;
+    "duration" is not trusted (it is measured from the audio) unless "offset" is given:
+    then the item is the segment [offset, offset + duration) of the recording (NeMo's
+    segment manifests; without "duration", to its end)."""
     path = cfg.input if is_remote(cfg.input) else os.path.abspath(cfg.input)
     if not FileSystems.exists(path) or (not is_remote(path) and not os.path.isfile(path)):
         raise PrepareError(f"input manifest not found: {path}")
