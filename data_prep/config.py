@@ -63,7 +63,8 @@ def define_flags(fv: flags.FlagValues) -> None:
         "input",
         None,
         "manifest: a JSON-lines file; librispeech: a split directory; kaldi: a data "
-        "directory; tfds: a dataset name (with --tfds_data_dir).",
+        "directory; tfds: a dataset name (with --tfds_data_dir); webdataset: a .tar shard, "
+        "a directory of them or a glob.",
         **d,
     )
     flags.DEFINE_string("output", None, "Output data directory DIR.", **d)

@@ -8,20 +8,22 @@ validation, decoding and encoding happen once, for every format alike, in
 - a local path or a Beam filesystem URL (``gs://...``): any libsndfile format;
 - ``pipe:<shell command>``: a Kaldi ``wav.scp`` pipe whose stdout is a sound file (only
   with ``--allow_pipes``, since it runs a command);
-- ``tfds:<index>``: record ``index`` of the TFDS dataset named by ``--input``.
+- ``tfds:<index>``: record ``index`` of the TFDS dataset named by ``--input``;
+- ``wds:<shard>#<offset>:<size>``: an audio member's bytes inside a WebDataset tar shard.
 
 ``Item.start``/``Item.end`` cut a segment (seconds) out of the decoded audio (Kaldi
 ``segments``).
 
 Formats: ``manifest`` (JSON lines, :mod:`.manifest`), ``librispeech`` (a LibriSpeech split
 directory, :mod:`.librispeech`), ``kaldi`` (a Kaldi data directory, :mod:`.kaldi`) and
-``tfds`` (a prepared TFDS dataset stored as ``array_record``, :mod:`.tfds`). Shared pieces:
+``tfds`` (a prepared TFDS dataset stored as ``array_record``, :mod:`.tfds`) and
+``webdataset`` (WebDataset tar shards, :mod:`.webdataset`). Shared pieces:
 :mod:`.common` (Item, errors, the registry), :mod:`.textfiles` (input files and lines),
 :mod:`.audio` (loading an item's audio). Importing this package registers every format in
 :data:`READERS`.
 """
 
-from data_prep.readers import kaldi, librispeech, manifest, tfds
+from data_prep.readers import kaldi, librispeech, manifest, tfds, webdataset
 from data_prep.readers.audio import load_item_audio
 from data_prep.readers.common import READERS, register_reader
 
@@ -34,4 +36,5 @@ __all__ = [
     "manifest",
     "register_reader",
     "tfds",
+    "webdataset",
 ]

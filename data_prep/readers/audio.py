@@ -19,13 +19,15 @@ from data_prep.readers.common import (
 from data_prep.readers.kaldi import PIPE_NOT_ALLOWED, PIPE_PREFIX, load_pipe_audio
 from data_prep.readers.textfiles import is_remote
 from data_prep.readers.tfds import TFDS_PREFIX, load_tfds_audio, tfds_source
+from data_prep.readers.webdataset import WDS_PREFIX, load_member_audio
 
 
 def load_item_audio(item: Item, cfg: Any) -> tuple[np.ndarray, int]:
     """An item's audio as ((N, C) float32, sample_rate), cut to its segment.
 
     ``pipe:`` runs the command only when ``cfg.allow_pipes`` (whatever the reader did);
-    ``tfds:<index>`` reads the record from the dataset ``cfg`` names; anything else is a file.
+    ``tfds:<index>`` reads the record from the dataset ``cfg`` names; ``wds:`` a member of
+    a WebDataset shard; anything else is a file.
 
     Raises:
       AudioError: with the skip reason (missing, undecodable, pipe_not_allowed, pipe_failed...).
@@ -41,6 +43,13 @@ def load_item_audio(item: Item, cfg: Any) -> tuple[np.ndarray, int]:
         except ValueError as e:
             raise AudioError(MISSING_AUDIO, f"bad TFDS reference {source!r}") from e
         audio, rate = load_tfds_audio(index, tfds_source(cfg))
+    elif source.startswith(WDS_PREFIX):
+        try:
+            audio, rate = load_member_audio(source[len(WDS_PREFIX) :])
+        except AudioError:
+            raise
+        except Exception as e:  # libsndfile raises several types for undecodable input.
+            raise AudioError(UNDECODABLE_AUDIO, str(e)) from e
     else:
         try:
             if (item.start != 0.0 or item.end is not None) and not is_remote(source):

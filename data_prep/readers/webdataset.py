@@ -1,0 +1,166 @@
+"""The ``webdataset`` reader: WebDataset tar shards, one sample per key.
+
+A sample is the run of consecutive tar members sharing a key (the member name up to the
+first dot of its base name, WebDataset's rule): an audio member (``flac``, ``wav``,
+``mp3``, ``ogg``, ``opus``, ``sph``) and its transcript in a ``txt`` member or in the
+``text`` field of a ``json`` member (whose optional ``speaker`` and ``id`` fields are used
+too). ``--input`` is one ``.tar`` file, a directory of them, or a glob pattern (local or a
+Beam filesystem URL such as ``gs://bucket/shards-*.tar``).
+
+The audio is not copied while listing: an item points at its member's bytes inside the
+shard (``wds:<shard>#<offset>:<size>``) and :func:`load_member_audio` reads exactly
+those bytes later, so a shard is read once to list it and each member once to decode it.
+Compressed tars (``.tar.gz``) have no such offsets and are refused with one line.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import posixpath
+import tarfile
+from collections.abc import Iterator
+from typing import Any
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.io.filesystems import FileSystems
+
+from data_prep.readers.common import (
+    MISSING_AUDIO,
+    NO_SPEAKER,
+    AudioError,
+    Item,
+    PrepareError,
+    register_reader,
+)
+from data_prep.readers.textfiles import is_remote
+
+WDS_PREFIX = "wds:"
+AUDIO_EXTENSIONS = ("flac", "wav", "mp3", "ogg", "opus", "sph")
+
+# Skip reasons (keys of prep_report.json["skipped"]).
+UNREADABLE_SHARD = "unreadable_tar_shard"  # not a tar, or truncated: its rest is skipped
+MALFORMED_SAMPLE = "malformed_webdataset_sample"  # a json member that is not an object
+
+
+def split_key(name: str) -> tuple[str, str]:
+    """WebDataset's key and extension of a member name: "a/b.seg.flac" -> ("a/b", "seg.flac")."""
+    directory, base = posixpath.split(name)
+    stem, dot, ext = base.partition(".")
+    return (posixpath.join(directory, stem) if directory else stem), ext if dot else ""
+
+
+def shard_paths(pattern: str) -> list[str]:
+    """The tar shards ``--input`` names, sorted: a file, a directory's ``*.tar``, or a glob.
+
+    Raises:
+      PrepareError: nothing matches, or a compressed tar.
+    """
+    if not is_remote(pattern) and os.path.isdir(pattern):
+        pattern = os.path.join(os.path.abspath(pattern), "*.tar")
+    elif not is_remote(pattern):
+        pattern = os.path.abspath(pattern)
+    found = sorted(m.path for r in FileSystems.match([pattern]) for m in r.metadata_list)
+    if not found:
+        raise PrepareError(f"no WebDataset shards match {pattern}")
+    compressed = [p for p in found if not p.endswith(".tar")]
+    if compressed:
+        raise PrepareError(
+            f"{compressed[0]}: only uncompressed .tar shards can be read in place (their "
+            "members have byte offsets); decompress it first"
+        )
+    return found
+
+
+def _sample_item(shard: str, key: str, members: dict, position: int) -> Item:
+    """One sample's Item from its members {ext: (TarInfo, bytes or None)}."""
+    meta: dict[str, Any] = {}
+    if "json" in members:
+        try:
+            meta = json.loads(members["json"][1].decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            meta = None  # type: ignore[assignment]
+        if not isinstance(meta, dict):
+            return Item(key, "", None, NO_SPEAKER, error=MALFORMED_SAMPLE, position=position)
+    text = meta.get("text")
+    if "txt" in members:
+        text = members["txt"][1].decode("utf-8", errors="replace").strip()
+    speaker = meta.get("speaker")
+    item_id = meta["id"] if isinstance(meta.get("id"), str) and meta["id"] else key
+    audio = next((members[e][0] for e in AUDIO_EXTENSIONS if e in members), None)
+    path = "" if audio is None else f"{WDS_PREFIX}{shard}#{audio.offset_data}:{audio.size}"
+    return Item(
+        id=item_id,
+        audio_path=path,
+        text=text if isinstance(text, str) else None,
+        speaker=NO_SPEAKER if speaker in (None, "") else str(speaker),
+        error=None if audio is not None else MISSING_AUDIO,
+        position=position,
+    )
+
+
+# Item positions: shard index * this + the sample's index in its shard, so positions are
+# unique and ordered over all shards (the first of a duplicated id is the one written).
+SHARD_STRIDE = 10**9
+
+
+def read_shard(indexed: tuple[int, str]) -> Iterator[Item]:
+    """The Items of shard (index, path), in member order."""
+    index, shard = indexed
+    name = posixpath.basename(shard)
+    key, members, position = None, {}, index * SHARD_STRIDE
+    try:
+        with FileSystems.open(shard, compression_type="uncompressed") as f:
+            with tarfile.open(fileobj=f, mode="r|") as tar:
+                for info in tar:
+                    if not info.isfile():
+                        continue
+                    k, ext = split_key(info.name)
+                    if k != key and key is not None:
+                        yield _sample_item(shard, key, members, position)
+                        members, position = {}, position + 1
+                    key = k
+                    # Transcripts and metadata are read now; audio stays in the shard.
+                    small = ext in ("txt", "json")
+                    members[ext] = (info, tar.extractfile(info).read() if small else None)
+    except (tarfile.TarError, OSError) as e:
+        yield Item(f"{name}:{type(e).__name__}", "", None, NO_SPEAKER, UNREADABLE_SHARD, position)
+        return
+    if key is not None:
+        yield _sample_item(shard, key, members, position)
+
+
+def load_member_audio(reference: str) -> tuple[np.ndarray, int]:
+    """Decodes the audio bytes ``<shard>#<offset>:<size>`` points at: ((N, C), rate).
+
+    Raises:
+      AudioError(MISSING_AUDIO): the shard or the bytes are not there.
+      Exception: anything libsndfile cannot decode.
+    """
+    import soundfile as sf
+
+    shard, _, span = reference.rpartition("#")
+    offset, _, size = span.partition(":")
+    try:
+        with FileSystems.open(shard, compression_type="uncompressed") as f:
+            f.seek(int(offset))
+            data = f.read(int(size))
+    except (OSError, ValueError) as e:
+        raise AudioError(MISSING_AUDIO, f"{reference}: {e}") from e
+    if len(data) != int(size):
+        raise AudioError(MISSING_AUDIO, f"{reference}: the shard ends early")
+    audio, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
+    return audio, int(rate)
+
+
+@register_reader("webdataset")
+def read_webdataset(p: beam.Pipeline, cfg: Any) -> beam.PCollection:
+    """WebDataset tar shards (see the module docstring); one Beam element per shard."""
+    shards = shard_paths(cfg.input)
+    return (
+        p
+        | "WebDatasetShards" >> beam.Create(list(enumerate(shards)))
+        | "ReadShards" >> beam.FlatMap(read_shard)
+    )
