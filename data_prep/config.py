@@ -48,6 +48,10 @@ class PrepConfig:
     tfds_speaker_key: str = "speaker_id"
     tfds_id_key: str = "id"
     tfds_sample_rate: int | None = None  # None: from the audio feature's metadata.
+    hf_audio_column: str = "audio"
+    hf_text_column: str = "text"
+    hf_speaker_column: str = "speaker_id"  # used where the table has it
+    hf_id_column: str = "id"  # used where the table has it, else file and row
 
     @property
     def split_dir(self) -> str:
@@ -64,7 +68,8 @@ def define_flags(fv: flags.FlagValues) -> None:
         None,
         "manifest: a JSON-lines file; librispeech: a split directory; kaldi: a data "
         "directory; tfds: a dataset name (with --tfds_data_dir); webdataset: a .tar shard, "
-        "a directory of them or a glob.",
+        "a directory of them or a glob; hf: a saved Hugging Face dataset directory, or "
+        "parquet files (a file, a directory or a glob).",
         **d,
     )
     flags.DEFINE_string("output", None, "Output data directory DIR.", **d)
@@ -111,6 +116,10 @@ def define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_string("tfds_text_key", "text", "tfds: the transcript feature.", **d)
     flags.DEFINE_string("tfds_speaker_key", "speaker_id", "tfds: the speaker feature.", **d)
     flags.DEFINE_string("tfds_id_key", "id", "tfds: the id feature (else the index).", **d)
+    flags.DEFINE_string("hf_audio_column", "audio", "hf: the Audio column (bytes, path).", **d)
+    flags.DEFINE_string("hf_text_column", "text", "hf: the transcript column.", **d)
+    flags.DEFINE_string("hf_speaker_column", "speaker_id", "hf: the speaker column.", **d)
+    flags.DEFINE_string("hf_id_column", "id", "hf: the id column (else file and row).", **d)
     flags.DEFINE_integer(
         "tfds_sample_rate", None, "tfds: audio rate (default: the feature's metadata).", **d
     )
@@ -204,5 +213,9 @@ def parse_args(argv: list[str]) -> tuple[PrepConfig, list[str]]:
         tfds_speaker_key=fv.tfds_speaker_key,
         tfds_id_key=fv.tfds_id_key,
         tfds_sample_rate=fv.tfds_sample_rate,
+        hf_audio_column=fv.hf_audio_column,
+        hf_text_column=fv.hf_text_column,
+        hf_speaker_column=fv.hf_speaker_column,
+        hf_id_column=fv.hf_id_column,
     )
     return cfg, rest[1:]

@@ -9,27 +9,30 @@ validation, decoding and encoding happen once, for every format alike, in
 - ``pipe:<shell command>``: a Kaldi ``wav.scp`` pipe whose stdout is a sound file (only
   with ``--allow_pipes``, since it runs a command);
 - ``tfds:<index>``: record ``index`` of the TFDS dataset named by ``--input``;
-- ``wds:<shard>#<offset>:<size>``: an audio member's bytes inside a WebDataset tar shard.
+- ``wds:<shard>#<offset>:<size>``: an audio member's bytes inside a WebDataset tar shard;
+- ``hf:<file>#<row>``: a row's audio bytes in a Hugging Face dataset's Arrow or parquet file.
 
 ``Item.start``/``Item.end`` cut a segment (seconds) out of the decoded audio (Kaldi
 ``segments``).
 
 Formats: ``manifest`` (JSON lines, :mod:`.manifest`), ``librispeech`` (a LibriSpeech split
-directory, :mod:`.librispeech`), ``kaldi`` (a Kaldi data directory, :mod:`.kaldi`) and
-``tfds`` (a prepared TFDS dataset stored as ``array_record``, :mod:`.tfds`) and
-``webdataset`` (WebDataset tar shards, :mod:`.webdataset`). Shared pieces:
+directory, :mod:`.librispeech`), ``kaldi`` (a Kaldi data directory, :mod:`.kaldi`),
+``tfds`` (a prepared TFDS dataset stored as ``array_record``, :mod:`.tfds`),
+``webdataset`` (WebDataset tar shards, :mod:`.webdataset`) and ``hf`` (Hugging Face
+datasets: save_to_disk directories or parquet files, :mod:`.hf`). Shared pieces:
 :mod:`.common` (Item, errors, the registry), :mod:`.textfiles` (input files and lines),
 :mod:`.audio` (loading an item's audio). Importing this package registers every format in
 :data:`READERS`.
 """
 
-from data_prep.readers import kaldi, librispeech, manifest, tfds, webdataset
+from data_prep.readers import hf, kaldi, librispeech, manifest, tfds, webdataset
 from data_prep.readers.audio import load_item_audio
 from data_prep.readers.common import READERS, register_reader
 
 # The format modules are imported for their registration in READERS.
 __all__ = [
     "READERS",
+    "hf",
     "kaldi",
     "librispeech",
     "load_item_audio",

@@ -16,6 +16,7 @@ from data_prep.readers.common import (
     AudioError,
     Item,
 )
+from data_prep.readers.hf import HF_PREFIX, load_row_audio
 from data_prep.readers.kaldi import PIPE_NOT_ALLOWED, PIPE_PREFIX, load_pipe_audio
 from data_prep.readers.textfiles import is_remote
 from data_prep.readers.tfds import TFDS_PREFIX, load_tfds_audio, tfds_source
@@ -27,7 +28,8 @@ def load_item_audio(item: Item, cfg: Any) -> tuple[np.ndarray, int]:
 
     ``pipe:`` runs the command only when ``cfg.allow_pipes`` (whatever the reader did);
     ``tfds:<index>`` reads the record from the dataset ``cfg`` names; ``wds:`` a member of
-    a WebDataset shard; anything else is a file.
+    a WebDataset shard; ``hf:`` a row of a Hugging Face dataset file; anything else is a
+    file.
 
     Raises:
       AudioError: with the skip reason (missing, undecodable, pipe_not_allowed, pipe_failed...).
@@ -43,9 +45,12 @@ def load_item_audio(item: Item, cfg: Any) -> tuple[np.ndarray, int]:
         except ValueError as e:
             raise AudioError(MISSING_AUDIO, f"bad TFDS reference {source!r}") from e
         audio, rate = load_tfds_audio(index, tfds_source(cfg))
-    elif source.startswith(WDS_PREFIX):
+    elif source.startswith((WDS_PREFIX, HF_PREFIX)):
         try:
-            audio, rate = load_member_audio(source[len(WDS_PREFIX) :])
+            if source.startswith(WDS_PREFIX):
+                audio, rate = load_member_audio(source[len(WDS_PREFIX) :])
+            else:
+                audio, rate = load_row_audio(source[len(HF_PREFIX) :], cfg.hf_audio_column)
         except AudioError:
             raise
         except Exception as e:  # libsndfile raises several types for undecodable input.
