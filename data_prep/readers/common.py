@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import apache_beam as beam
+import numpy as np
 
 # Skip reasons of more than one format (keys of prep_report.json["skipped"]); each format's
 # own are in its module.
@@ -44,6 +46,25 @@ class Item(NamedTuple):
     position: int = 0
     start: float = 0.0  # Segment start (seconds) within the decoded audio.
     end: float | None = None  # Segment end (seconds); None: the end of the audio.
+
+
+# Positions of items read from several files: file index * this + the item's place in its
+# file, so positions are unique and ordered over all files (the first of a duplicated id
+# is the one written).
+FILE_STRIDE = 10**9
+
+
+def decode_audio_bytes(data: bytes) -> tuple[np.ndarray, int]:
+    """An encoded sound file held in memory (a tar member, a dataset row) as
+    ((N, C) float32, sample_rate).
+
+    Raises:
+      Exception: anything libsndfile cannot decode.
+    """
+    import soundfile as sf
+
+    audio, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
+    return audio, int(rate)
 
 
 ReaderFn = Callable[[beam.Pipeline, Any], beam.PCollection]

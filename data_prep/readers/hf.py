@@ -17,7 +17,6 @@ row group at a time, the last few kept per worker).
 from __future__ import annotations
 
 import functools
-import io
 import json
 import os
 import posixpath
@@ -29,17 +28,18 @@ import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
 from data_prep.readers.common import (
+    FILE_STRIDE,
     MISSING_AUDIO,
     NO_SPEAKER,
     AudioError,
     Item,
     PrepareError,
+    decode_audio_bytes,
     register_reader,
 )
 from data_prep.readers.textfiles import is_remote
 
 HF_PREFIX = "hf:"
-SHARD_STRIDE = 10**9  # item positions: file index * this + row (unique, ordered)
 
 
 def data_files(source: str) -> list[str]:
@@ -133,7 +133,7 @@ def read_file(indexed: tuple[int, str], cfg: Any) -> Iterator[Item]:
             text=text if isinstance(text, str) else None,
             speaker=NO_SPEAKER if speaker in (None, "") else str(speaker),
             error=None if ok else MISSING_AUDIO,
-            position=index * SHARD_STRIDE + row,
+            position=index * FILE_STRIDE + row,
         )
 
 
@@ -172,8 +172,6 @@ def load_row_audio(reference: str, column: str) -> tuple[np.ndarray, int]:
       AudioError(MISSING_AUDIO): the file or the row is not there.
       Exception: anything libsndfile cannot decode.
     """
-    import soundfile as sf
-
     path, _, row_text = reference.rpartition("#")
     try:
         row = int(row_text)
@@ -183,8 +181,7 @@ def load_row_audio(reference: str, column: str) -> tuple[np.ndarray, int]:
         raise AudioError(MISSING_AUDIO, f"{reference}: {e}") from e
     if not data:
         raise AudioError(MISSING_AUDIO, f"{reference}: no audio bytes")
-    audio, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
-    return audio, int(rate)
+    return decode_audio_bytes(data)
 
 
 @register_reader("hf")

@@ -15,7 +15,6 @@ Compressed tars (``.tar.gz``) have no such offsets and are refused with one line
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import posixpath
@@ -28,11 +27,13 @@ import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
 from data_prep.readers.common import (
+    FILE_STRIDE,
     MISSING_AUDIO,
     NO_SPEAKER,
     AudioError,
     Item,
     PrepareError,
+    decode_audio_bytes,
     register_reader,
 )
 from data_prep.readers.textfiles import is_remote
@@ -101,16 +102,11 @@ def _sample_item(shard: str, key: str, members: dict, position: int) -> Item:
     )
 
 
-# Item positions: shard index * this + the sample's index in its shard, so positions are
-# unique and ordered over all shards (the first of a duplicated id is the one written).
-SHARD_STRIDE = 10**9
-
-
 def read_shard(indexed: tuple[int, str]) -> Iterator[Item]:
     """The Items of shard (index, path), in member order."""
     index, shard = indexed
     name = posixpath.basename(shard)
-    key, members, position = None, {}, index * SHARD_STRIDE
+    key, members, position = None, {}, index * FILE_STRIDE
     try:
         with FileSystems.open(shard, compression_type="uncompressed") as f:
             with tarfile.open(fileobj=f, mode="r|") as tar:
@@ -139,8 +135,6 @@ def load_member_audio(reference: str) -> tuple[np.ndarray, int]:
       AudioError(MISSING_AUDIO): the shard or the bytes are not there.
       Exception: anything libsndfile cannot decode.
     """
-    import soundfile as sf
-
     shard, _, span = reference.rpartition("#")
     offset, _, size = span.partition(":")
     try:
@@ -151,8 +145,7 @@ def load_member_audio(reference: str) -> tuple[np.ndarray, int]:
         raise AudioError(MISSING_AUDIO, f"{reference}: {e}") from e
     if len(data) != int(size):
         raise AudioError(MISSING_AUDIO, f"{reference}: the shard ends early")
-    audio, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
-    return audio, int(rate)
+    return decode_audio_bytes(data)
 
 
 @register_reader("webdataset")
