@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import posixpath
 from collections.abc import Iterator
 from typing import Any
@@ -37,7 +36,7 @@ from data_prep.readers.common import (
     decode_audio_bytes,
     register_reader,
 )
-from data_prep.readers.textfiles import is_remote
+from data_prep.readers.textfiles import is_remote, match_files
 
 HF_PREFIX = "hf:"
 
@@ -55,12 +54,7 @@ def data_files(source: str) -> list[str]:
         if not names:
             raise PrepareError(f"{state} names no data files")
         return [posixpath.join(source, n) for n in names]
-    pattern = source
-    if not is_remote(source) and os.path.isdir(source):
-        pattern = os.path.join(os.path.abspath(source), "*.parquet")
-    elif not is_remote(source):
-        pattern = os.path.abspath(source)
-    found = sorted(m.path for r in FileSystems.match([pattern]) for m in r.metadata_list)
+    found = match_files(source, "*.parquet")
     if not found:
         raise PrepareError(
             f"no Hugging Face dataset at {source}: expected a save_to_disk directory "
@@ -70,30 +64,33 @@ def data_files(source: str) -> list[str]:
 
 
 def _open(path: str):
-    """A local path as itself (memory-mapped by pyarrow), anything else as a file object."""
+    """A local path as itself (pyarrow opens it), anything else as a file object."""
     return path if not is_remote(path) else FileSystems.open(path)
+
+
+def _arrow_stream(path: str):
+    """A reader of an Arrow stream file (save_to_disk's), memory-mapped where local."""
+    import pyarrow as pa
+
+    return pa.ipc.open_stream(pa.memory_map(path) if not is_remote(path) else _open(path))
 
 
 def read_table(path: str, columns: list[str] | None = None):
     """A pyarrow Table of an Arrow stream file (save_to_disk) or a parquet file."""
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
     if path.endswith(".parquet"):
         return pq.read_table(_open(path), columns=columns)
-    source = pa.memory_map(path) if not is_remote(path) else FileSystems.open(path)
-    table = pa.ipc.open_stream(source).read_all()
+    table = _arrow_stream(path).read_all()
     return table if columns is None else table.select(columns)
 
 
 def _columns(path: str) -> list[str]:
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
     if path.endswith(".parquet"):
         return list(pq.read_schema(_open(path)).names)
-    source = pa.memory_map(path) if not is_remote(path) else FileSystems.open(path)
-    return list(pa.ipc.open_stream(source).schema.names)
+    return list(_arrow_stream(path).schema.names)
 
 
 def check_columns(path: str, cfg: Any) -> list[str]:

@@ -37,6 +37,16 @@ def file_names(directory: str) -> list[str]:
         return sorted(e.name for e in entries if e.is_file())
 
 
+def match_files(source: str, in_directory: str) -> list[str]:
+    """The files ``--input`` names, sorted: one file, a directory's files matching the
+    glob ``in_directory`` (e.g. "*.tar"), or a glob pattern; local or a Beam filesystem
+    URL. Empty when nothing matches."""
+    pattern = local_path(source)
+    if not is_remote(source) and os.path.isdir(source):
+        pattern = os.path.join(pattern, in_directory)
+    return sorted(m.path for r in FileSystems.match([pattern]) for m in r.metadata_list)
+
+
 def read_bytes(path: str) -> bytes:
     """The whole content of a local file or a Beam filesystem URL."""
     with FileSystems.open(path, compression_type="uncompressed") as f:

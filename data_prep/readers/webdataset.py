@@ -16,7 +16,6 @@ Compressed tars (``.tar.gz``) have no such offsets and are refused with one line
 from __future__ import annotations
 
 import json
-import os
 import posixpath
 import tarfile
 from collections.abc import Iterator
@@ -36,7 +35,7 @@ from data_prep.readers.common import (
     decode_audio_bytes,
     register_reader,
 )
-from data_prep.readers.textfiles import is_remote
+from data_prep.readers.textfiles import match_files
 
 WDS_PREFIX = "wds:"
 AUDIO_EXTENSIONS = ("flac", "wav", "mp3", "ogg", "opus", "sph")
@@ -59,11 +58,7 @@ def shard_paths(pattern: str) -> list[str]:
     Raises:
       PrepareError: nothing matches, or a compressed tar.
     """
-    if not is_remote(pattern) and os.path.isdir(pattern):
-        pattern = os.path.join(os.path.abspath(pattern), "*.tar")
-    elif not is_remote(pattern):
-        pattern = os.path.abspath(pattern)
-    found = sorted(m.path for r in FileSystems.match([pattern]) for m in r.metadata_list)
+    found = match_files(pattern, "*.tar")
     if not found:
         raise PrepareError(f"no WebDataset shards match {pattern}")
     compressed = [p for p in found if not p.endswith(".tar")]
