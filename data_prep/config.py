@@ -52,6 +52,8 @@ class PrepConfig:
     hf_text_column: str = "text"
     hf_speaker_column: str = "speaker_id"  # used where the table has it
     hf_id_column: str = "id"  # used where the table has it, else file and row
+    lhotse_supervisions: str | None = None  # None: named like --input
+    lhotse_audio_root: str | None = None  # None: the current directory
 
     @property
     def split_dir(self) -> str:
@@ -69,7 +71,8 @@ def define_flags(fv: flags.FlagValues) -> None:
         "manifest: a JSON-lines file; librispeech: a split directory; kaldi: a data "
         "directory; tfds: a dataset name (with --tfds_data_dir); webdataset: a .tar shard, "
         "a directory of them or a glob; hf: a saved Hugging Face dataset directory, or "
-        "parquet files (a file, a directory or a glob).",
+        "parquet files (a file, a directory or a glob); lhotse: a CutSet, or a RecordingSet "
+        "(or SupervisionSet) manifest (.jsonl or .jsonl.gz).",
         **d,
     )
     flags.DEFINE_string("output", None, "Output data directory DIR.", **d)
@@ -120,6 +123,19 @@ def define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_string("hf_text_column", "text", "hf: the transcript column.", **d)
     flags.DEFINE_string("hf_speaker_column", "speaker_id", "hf: the speaker column.", **d)
     flags.DEFINE_string("hf_id_column", "id", "hf: the id column (else file and row).", **d)
+    flags.DEFINE_string(
+        "lhotse_supervisions",
+        None,
+        "lhotse: the SupervisionSet of a RecordingSet --input (default: named like it, "
+        "'recordings' -> 'supervisions').",
+        **d,
+    )
+    flags.DEFINE_string(
+        "lhotse_audio_root",
+        None,
+        "lhotse: the directory relative audio paths are under (default: the current one).",
+        **d,
+    )
     flags.DEFINE_integer(
         "tfds_sample_rate", None, "tfds: audio rate (default: the feature's metadata).", **d
     )
@@ -217,5 +233,7 @@ def parse_args(argv: list[str]) -> tuple[PrepConfig, list[str]]:
         hf_text_column=fv.hf_text_column,
         hf_speaker_column=fv.hf_speaker_column,
         hf_id_column=fv.hf_id_column,
+        lhotse_supervisions=fv.lhotse_supervisions,
+        lhotse_audio_root=fv.lhotse_audio_root,
     )
     return cfg, rest[1:]

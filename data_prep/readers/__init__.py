@@ -13,19 +13,20 @@ validation, decoding and encoding happen once, for every format alike, in
 - ``hf:<file>#<row>``: a row's audio bytes in a Hugging Face dataset's Arrow or parquet file.
 
 ``Item.start``/``Item.end`` cut a segment (seconds) out of the decoded audio (Kaldi
-``segments``).
+``segments``, NeMo offsets, Lhotse supervisions and cuts); ``Item.channels`` picks channels.
 
 Formats: ``manifest`` (JSON lines, :mod:`.manifest`), ``librispeech`` (a LibriSpeech split
 directory, :mod:`.librispeech`), ``kaldi`` (a Kaldi data directory, :mod:`.kaldi`),
 ``tfds`` (a prepared TFDS dataset stored as ``array_record``, :mod:`.tfds`),
-``webdataset`` (WebDataset tar shards, :mod:`.webdataset`) and ``hf`` (Hugging Face
-datasets: save_to_disk directories or parquet files, :mod:`.hf`). Shared pieces:
+``webdataset`` (WebDataset tar shards, :mod:`.webdataset`), ``hf`` (Hugging Face
+datasets: save_to_disk directories or parquet files, :mod:`.hf`) and ``lhotse`` (Lhotse
+CutSets, or RecordingSets with SupervisionSets, :mod:`.lhotse`). Shared pieces:
 :mod:`.common` (Item, errors, the registry), :mod:`.textfiles` (input files and lines),
 :mod:`.audio` (loading an item's audio). Importing this package registers every format in
 :data:`READERS`.
 """
 
-from data_prep.readers import hf, kaldi, librispeech, manifest, tfds, webdataset
+from data_prep.readers import hf, kaldi, lhotse, librispeech, manifest, tfds, webdataset
 from data_prep.readers.audio import load_item_audio
 from data_prep.readers.common import READERS, register_reader
 
@@ -34,6 +35,7 @@ __all__ = [
     "READERS",
     "hf",
     "kaldi",
+    "lhotse",
     "librispeech",
     "load_item_audio",
     "manifest",

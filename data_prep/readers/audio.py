@@ -10,6 +10,7 @@ import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
 from data_prep.readers.common import (
+    CHANNEL_OUT_OF_RANGE,
     MISSING_AUDIO,
     SEGMENT_OUT_OF_RANGE,
     UNDECODABLE_AUDIO,
@@ -24,6 +25,23 @@ from data_prep.readers.webdataset import WDS_PREFIX, load_member_audio
 
 
 def load_item_audio(item: Item, cfg: Any) -> tuple[np.ndarray, int]:
+    """An item's audio as ((N, C) float32, sample_rate), cut to its segment, with the
+    columns ``item.channels`` names (all without).
+
+    Raises:
+      AudioError: see _load_segment; CHANNEL_OUT_OF_RANGE for a column the audio lacks.
+    """
+    audio, rate = _load_segment(item, cfg)
+    if item.channels is None:
+        return audio, rate
+    if max(item.channels) >= audio.shape[1] or min(item.channels) < 0:
+        raise AudioError(
+            CHANNEL_OUT_OF_RANGE, f"channels {item.channels} of audio with {audio.shape[1]}"
+        )
+    return audio[:, list(item.channels)], rate
+
+
+def _load_segment(item: Item, cfg: Any) -> tuple[np.ndarray, int]:
     """An item's audio as ((N, C) float32, sample_rate), cut to its segment.
 
     ``pipe:`` runs the command only when ``cfg.allow_pipes`` (whatever the reader did);

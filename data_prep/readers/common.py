@@ -17,6 +17,8 @@ MISSING_AUDIO = "missing_audio"
 UNDECODABLE_AUDIO = "undecodable_audio"
 SEGMENT_OUT_OF_RANGE = "segment_out_of_range"
 MISSING_TRANSCRIPT = "missing_transcript"  # Audio that no transcript line names.
+BAD_SEGMENT = "bad_offset_or_duration"  # A segment start < 0, duration <= 0, or not numbers.
+CHANNEL_OUT_OF_RANGE = "channel_out_of_range"  # A channel the audio does not have.
 
 
 class PrepareError(Exception):
@@ -46,6 +48,9 @@ class Item(NamedTuple):
     position: int = 0
     start: float = 0.0  # Segment start (seconds) within the decoded audio.
     end: float | None = None  # Segment end (seconds); None: the end of the audio.
+    # Columns of the decoded (N, C) audio to keep (then averaged, as every multi-channel
+    # input is); None: all of them.
+    channels: tuple[int, ...] | None = None
 
 
 # Positions of items read from several files: file index * this + the item's place in its
@@ -65,6 +70,13 @@ def decode_audio_bytes(data: bytes) -> tuple[np.ndarray, int]:
 
     audio, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
     return audio, int(rate)
+
+
+def finite_number(value: Any) -> float | None:
+    """A JSON number as a finite float; None for anything else (bools and strings too)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if value == value and abs(value) != float("inf") else None
 
 
 ReaderFn = Callable[[beam.Pipeline, Any], beam.PCollection]

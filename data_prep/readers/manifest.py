@@ -11,14 +11,20 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from data_prep.readers.common import NO_SPEAKER, Item, PrepareError, register_reader
+from data_prep.readers.common import (
+    BAD_SEGMENT,
+    NO_SPEAKER,
+    Item,
+    PrepareError,
+    finite_number,
+    register_reader,
+)
 from data_prep.readers.textfiles import is_remote, line_chunks, read_line_chunk
 
 MANIFEST_LINES_PER_CHUNK = 2_000
 
 # Skip reasons (keys of prep_report.json["skipped"]).
 MALFORMED = "malformed_manifest_line"
-BAD_SEGMENT = "bad_offset_or_duration"  # offset < 0, duration <= 0, or not numbers
 
 
 def _manifest_item_id(
@@ -37,13 +43,6 @@ def _manifest_item_id(
     return base if start is None else f"{base}-{int(round(start * 100)):07d}"
 
 
-def _number(value: Any) -> float | None:
-    """A JSON number as a finite float; None for anything else (bools and strings too)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if value == value and abs(value) != float("inf") else None
-
-
 def manifest_segment(entry: dict[str, Any]) -> tuple[float, float | None] | None:
     """(start, end) seconds of an entry's audio: NeMo's ``offset`` with ``duration``
     (end None: to the end of the recording); (0.0, None) without ``offset``, where
@@ -51,8 +50,8 @@ def manifest_segment(entry: dict[str, Any]) -> tuple[float, float | None] | None
     not a number, a negative offset, a duration <= 0."""
     if entry.get("offset") is None:
         return 0.0, None
-    start = _number(entry["offset"])
-    duration = None if entry.get("duration") is None else _number(entry["duration"])
+    start = finite_number(entry["offset"])
+    duration = None if entry.get("duration") is None else finite_number(entry["duration"])
     if start is None or start < 0 or (entry.get("duration") is not None and duration is None):
         return None
     if duration is not None and duration <= 0:
