@@ -11,6 +11,7 @@ from absl import flags
 
 from data_prep.readers import READERS
 from data_prep.readers.common import PrepareError
+from jaxspeech import storage
 from jaxspeech.audio.features import LogMelConfig
 from jaxspeech.audio.mfcc import FEATURE_KINDS, MAX_DELTAS
 from jaxspeech.data import records
@@ -24,7 +25,7 @@ class PrepConfig:
 
     format: str
     input: str
-    output: str  # Absolute.
+    output: str  # Absolute, or an object-store URL.
     split: str
     num_shards: int | None
     tokenizer: str
@@ -206,7 +207,8 @@ def parse_args(argv: list[str]) -> tuple[PrepConfig, list[str]]:
     cfg = PrepConfig(
         format=fv.format,
         input=fv.input,
-        output=os.path.abspath(fv.output),
+        # An object-store URL stays one (data_prep.upload prepares it locally).
+        output=fv.output if storage.is_remote(fv.output) else os.path.abspath(fv.output),
         split=split,
         num_shards=fv.num_shards,
         tokenizer=fv.tokenizer,

@@ -60,6 +60,7 @@ import numpy as np
 from absl import flags
 from apache_beam.runners.runner import PipelineState
 
+from data_prep import upload
 from data_prep.config import PrepConfig, define_flags, parse_args
 from data_prep.readers import READERS
 from data_prep.readers.common import PrepareError
@@ -95,7 +96,7 @@ from data_prep.staging import (
 from data_prep.stats import combine_stats
 from data_prep.tokenizer_training import TranscriptSampleFn, train_tokenizer
 from data_prep.validate import KeepFirstOfId, ValidateAndEncode
-from jaxspeech import files
+from jaxspeech import files, storage
 from jaxspeech.data import records
 
 
@@ -265,11 +266,21 @@ def _finalize(cfg: PrepConfig, staging: str, start_time: float) -> dict[str, Any
 
 def prepare(argv: list[str]) -> dict[str, Any]:
     """Runs the preparation for ``argv`` (argv[0] is the program name); returns the report.
+    An object-store ``--output`` (s3://, gs://) is prepared locally and uploaded
+    (data_prep.upload).
 
     Raises:
-      PrepareError: a user mistake (bad flag, missing input, unwritable output, no records).
+      PrepareError: a user mistake (bad flag, missing input, unwritable output, no records,
+        a missing bucket).
     """
     cfg, beam_args = parse_args(argv)
+    if storage.is_remote(cfg.output):
+        return upload.prepare_to_store(cfg, lambda local: _prepare_local(local, beam_args))
+    return _prepare_local(cfg, beam_args)
+
+
+def _prepare_local(cfg: PrepConfig, beam_args: list[str]) -> dict[str, Any]:
+    """The preparation of ``cfg`` into its local ``--output``."""
     start = time.time()
     options, runner = pipeline_options(beam_args)
     p = beam.Pipeline(runner=runner, options=options)

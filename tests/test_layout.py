@@ -46,6 +46,7 @@ LAYERS: list[tuple[str, ...]] = [
         "jaxspeech.parallel",
         "jaxspeech.errors",
         "jaxspeech.files",
+        "jaxspeech.storage",
     ),
 ]
 ENTRY_POINTS = set(LAYERS[0]) - {"jaxspeech.cli"}

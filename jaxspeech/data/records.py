@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxspeech import files
+from jaxspeech import files, storage
 
 MAGIC = b"JSR1"
 AUDIO_FORMATS = ("pcm_s16le", "flac")
@@ -287,10 +287,15 @@ def read_split_index(data_dir: str, split: str) -> SplitIndex:
     The shards themselves are not opened here (`jaxspeech.data.reader.check_shards` checks
     the ones a process will read; `data_prep.verify` checks them all).
 
+    ``data_dir`` may be an object-store URL: the split is mirrored into the local cache
+    first (`jaxspeech.storage.local_data`) and read there.
+
     Raises:
       FileNotFoundError: the split was never prepared (the message says how to prepare it).
       ValueError: index and durations disagree.
+      StorageError: an object-store split that cannot be mirrored (one line).
     """
+    data_dir = storage.local_data(data_dir, split)
     split_dir = os.path.abspath(os.path.join(data_dir, split))
     index_path = os.path.join(split_dir, INDEX_FILE)
     if not os.path.isfile(index_path):

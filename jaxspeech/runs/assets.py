@@ -13,7 +13,7 @@ import jax
 import numpy as np
 from ml_collections import ConfigDict
 
-from jaxspeech import files
+from jaxspeech import files, storage
 from jaxspeech.audio.features import stats_to_mean_std
 from jaxspeech.config import build
 from jaxspeech.data.tokenizer import Tokenizer
@@ -32,7 +32,8 @@ def install_assets(config: ConfigDict, workdir: str) -> tuple[str, np.ndarray, n
     Returns (tokenizer dir, mean (F,), std (F,)). A resumed run keeps its own
     assets; if the data directory's tokenizer changed since, that is an error.
     """
-    data_dir, split = config.data.dir, config.data.train_split
+    split = config.data.train_split
+    data_dir = storage.local_data(config.data.dir, TOKENIZER, split)  # a URL: its mirror
     src_tok = os.path.join(data_dir, TOKENIZER)
     stats_path = os.path.join(data_dir, split, "stats.json")
     for p in (src_tok, stats_path):

@@ -15,6 +15,7 @@ import jax
 from jax.sharding import Mesh
 from ml_collections import ConfigDict
 
+from jaxspeech import storage
 from jaxspeech.audio import augment
 from jaxspeech.config import build, defaults
 from jaxspeech.data import mixing
@@ -120,7 +121,7 @@ def _check_same_tokenizer(data_dir: str, tokenizer_dir: str) -> None:
     teacher's token indices are read with it)."""
     from jaxspeech.data.tokenizer import Tokenizer
 
-    path = os.path.join(data_dir, "tokenizer")
+    path = os.path.join(storage.local_data(data_dir, "tokenizer"), "tokenizer")
     if not os.path.isdir(path):
         raise UserError(
             f"config.distill.other_dir={data_dir!r} has no tokenizer/: not a prepared corpus"

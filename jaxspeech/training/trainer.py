@@ -20,7 +20,7 @@ import jax
 import numpy as np
 from ml_collections import ConfigDict
 
-from jaxspeech import files
+from jaxspeech import files, storage
 from jaxspeech.config import build, defaults
 from jaxspeech.config.validate import validate
 from jaxspeech.data import pipeline as pipeline_lib
@@ -51,7 +51,9 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
     evaluation ({} when train.run_steps stopped early, {"preempted_at_step"} on
     preemption)."""
     validate(config, devices=jax.device_count())  # every mistake at once, before any work
-    if not os.path.isdir(config.data.dir):
+    if storage.is_remote(config.data.dir):
+        storage.check_bucket(config.data.dir)  # one line now, not after the model is built
+    elif not os.path.isdir(config.data.dir):
         raise UserError(
             f"data directory {config.data.dir!r} does not exist; prepare it with "
             "`python -m data_prep.prepare` or set --config.data.dir"

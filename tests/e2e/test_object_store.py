@@ -1,0 +1,232 @@
+"""Prepared data on an object store: a real S3 server on 127.0.0.1 (moto's, in a
+subprocess; tests/store_servers.py), reached through botocore as any S3 endpoint.
+
+`data_prep.prepare --output s3://...` uploads byte-identical shards (index.json last, the
+split's commit marker); `jaxspeech.train` with `data.dir=s3://...` trains and evaluates
+exactly as on the local copy (the same losses and dev/test WER as the session's tiny run);
+a corrupt object reaches the loader's read-time fault handling, named; an uncommitted
+split, a missing bucket and a missing prefix are one line each; a replaced object is
+fetched again; transient errors are retried, others are not.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import numpy as np
+import pytest
+
+from data_prep import prepare as prep
+from data_prep.readers.common import PrepareError
+from jaxspeech import storage
+from jaxspeech.data import reader as reader_lib
+from jaxspeech.data import records
+from tests.e2e.cli import cpu_env, run_module, train_args
+from tests.store_servers import gcs_env, gcs_server, s3_env, s3_server
+
+pytestmark = pytest.mark.slow
+BUCKET = "jaxspeech-data"
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """(s3://BUCKET, the environment of a job that uses it); the variables are set in
+    this process too while the module's tests run."""
+    cache = tmp_path_factory.mktemp("store-cache")
+    with s3_server() as endpoint:
+        env = s3_env(endpoint, str(cache))
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            fs, _ = storage.filesystem(f"s3://{BUCKET}")
+            fs.mkdir(BUCKET)
+            yield f"s3://{BUCKET}", env
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+def _prepare(raw, output, split, *extra) -> dict:
+    """The corpus fixture's preparation of `split` (tests/e2e/conftest.py), in process."""
+    argv = ["prepare", "--format", "manifest", "--input", str(raw / split / "manifest.jsonl")]
+    argv += ["--output", str(output), "--split", split, "--tokenizer", "char", *extra]
+    return prep.prepare([*argv, "--direct_running_mode=in_memory", "--direct_num_workers=1"])
+
+
+@pytest.fixture(scope="module")
+def remote_corpus(corpus, store):
+    """The e2e corpus prepared onto the store (train, dev, test)."""
+    root, _ = corpus
+    url = storage.join(store[0], "corpus")
+    reports = {split: _prepare(root / "raw", url, split) for split in ("train", "dev", "test")}
+    return url, reports
+
+
+def _objects(url: str) -> dict[str, bytes]:
+    fs, path = storage.filesystem(url)
+    return {name: fs.cat_file(f"{path}/{name}") for name in storage.list_files(url)}
+
+
+def test_prepared_shards_on_s3_are_the_local_ones(corpus, remote_corpus):
+    _, shards = corpus
+    url, reports = remote_corpus
+    assert reports["train"]["split_dir"] == f"{url}/train"
+    for split in ("train", "dev", "test", "tokenizer"):
+        objects = _objects(storage.join(url, split))
+        local = sorted(
+            os.path.relpath(os.path.join(d, f), shards / split)
+            for d, _, names in os.walk(shards / split)
+            for f in names
+        )
+        assert sorted(objects) == local
+        for name, data in objects.items():
+            if name == "prep_report.json":  # its paths and elapsed time differ
+                assert json.loads(data)["split_dir"] == f"{url}/{split}"
+                continue
+            assert data == (shards / split / name).read_bytes(), (split, name)
+
+
+def test_training_on_s3_data_equals_training_on_the_local_copy(
+    remote_corpus, store, tiny_run, tmp_path
+):
+    """The session's tiny run (tests/e2e/conftest.py) again, its data read from S3."""
+    url, _ = remote_corpus
+    run = tmp_path / "run"
+    args = train_args(run, url, "--config.data.eval_split=dev,test")
+    out = run_module("jaxspeech.train", *args, env=cpu_env() | store[1]).stdout
+
+    def rows(workdir):  # what was learned and scored, not how fast
+        timing = ("per_s", "perf/", "seconds", "_ms")
+        return [
+            {k: v for k, v in json.loads(line).items() if not any(t in k for t in timing)}
+            for line in open(os.path.join(workdir, "metrics.jsonl"))
+        ]
+
+    got, want = rows(run), rows(tiny_run[0])
+    assert got == want and any("eval/test/wer" in r for r in got)
+    # The printed scores too, but their time taken.
+    wer = [re.sub(r", [\d.]+s\)$", "", ln) for ln in out.splitlines() if ln.startswith("eval")]
+    assert len(wer) == 2 and all(line in tiny_run[1] for line in wer), (wer, tiny_run[1])
+
+
+def test_a_corrupt_object_is_named_by_the_readers(corpus, remote_corpus):
+    _, shards = corpus
+    url = storage.join(remote_corpus[0], "corrupt")
+    storage.upload_dir(str(shards / "dev"), storage.join(url, "dev"))
+    fs, path = storage.filesystem(url)
+    index = json.loads(fs.cat_file(f"{path}/dev/index.json"))
+    shard = index["shards"][0]["path"]
+    data = bytearray(fs.cat_file(f"{path}/dev/{shard}"))
+    data[len(data) // 3 : len(data) // 3 + 4096] = os.urandom(4096)  # inside the records
+    fs.pipe_file(f"{path}/dev/{shard}", bytes(data))
+    with pytest.raises(ValueError, match=rf"unreadable records \(.*{shard}"):
+        reader_lib.read_split_records(url, "dev")
+
+
+def test_store_mistakes_are_one_line(corpus, remote_corpus, tmp_path):
+    root, shards = corpus
+    url = remote_corpus[0]
+    with pytest.raises(PrepareError, match=r"^s3://no-such-bucket/x: no bucket 'no-such-bucket'"):
+        _prepare(root / "raw", "s3://no-such-bucket/x", "dev")
+    with pytest.raises(storage.StorageError, match="no bucket 'no-such-bucket' on this endpoint"):
+        records.read_split_index("s3://no-such-bucket/x", "dev")
+    with pytest.raises(storage.StorageError, match="no objects under this prefix"):
+        records.read_split_index(url, "nosplit")
+    # A split whose index.json is not there (an upload that stopped before its commit).
+    half = storage.join(url, "half")
+    storage.upload_dir(str(shards / "dev"), storage.join(half, "dev"))
+    storage.remove(storage.join(half, "dev", "index.json"))
+    with pytest.raises(storage.StorageError, match="no index.json: not prepared, or still being"):
+        records.read_split_index(half, "dev")
+    # The trainer stops on a missing bucket before it builds anything.
+    proc = run_module(
+        "jaxspeech.train",
+        *train_args(tmp_path / "run", "s3://no-such-bucket/data"),
+        env=cpu_env() | {k: v for k, v in os.environ.items() if k.startswith(("AWS_", "JAX"))},
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert (
+        proc.stderr.strip()
+        .splitlines()[-1]
+        .endswith(
+            "s3://no-such-bucket/data: no bucket 'no-such-bucket' on this endpoint "
+            f"({os.environ['AWS_ENDPOINT_URL']})"
+        )
+    ), proc.stderr
+
+
+def test_a_replaced_object_is_fetched_again_and_a_removed_one_leaves_the_mirror(
+    corpus, remote_corpus
+):
+    _, shards = corpus
+    url = storage.join(remote_corpus[0], "mirror", "dev")
+    storage.upload_dir(str(shards / "dev"), url)
+    local = storage.local_dir(url, "index.json")
+    fs, path = storage.filesystem(url)
+    fs.pipe_file(f"{path}/durations.npy", b"x" * os.path.getsize(f"{local}/durations.npy"))
+    fs.rm_file(f"{path}/prep_report.json")
+    assert storage.local_dir(url, "index.json") == local
+    assert open(f"{local}/durations.npy", "rb").read().startswith(b"xxxx")
+    assert not os.path.exists(f"{local}/prep_report.json")
+
+
+def test_transient_errors_are_retried_and_others_are_not(monkeypatch):
+    monkeypatch.setattr(storage, "BACKOFF_S", 0.0)
+    calls = []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) < 3:
+            raise ConnectionResetError("connection reset by peer")
+        return "ok"
+
+    assert storage.retrying("s3://b/k", flaky) == "ok" and len(calls) == 3
+    calls.clear()
+
+    def missing():
+        calls.append(1)
+        raise FileNotFoundError("b/k")
+
+    with pytest.raises(storage.StorageError, match=r"^s3://b/k: no such object$"):
+        storage.retrying("s3://b/k", missing)
+    assert len(calls) == 1
+    calls.clear()
+    with pytest.raises(storage.StorageError, match="ConnectionResetError"):
+        storage.retrying("s3://b/k", lambda: calls.append(1) or flaky_forever())
+    assert len(calls) == storage.RETRIES + 1
+
+
+def flaky_forever():
+    raise ConnectionResetError("connection reset by peer")
+
+
+def test_gcs_through_the_same_layer(corpus, tmp_path, monkeypatch):
+    """gs:// through gcsfs against gcp-storage-emulator: a split uploaded and read back
+    record for record as the local copy, a replaced object fetched again, a missing
+    bucket in one line."""
+    _, shards = corpus
+    with gcs_server() as endpoint:
+        for key, value in gcs_env(endpoint, str(tmp_path / "cache")).items():
+            monkeypatch.setenv(key, value)
+        fs, _ = storage.filesystem("gs://jaxspeech-gcs")
+        fs.mkdir("jaxspeech-gcs")
+        url = "gs://jaxspeech-gcs/corpus"
+        for split in ("dev", "tokenizer"):
+            storage.upload_dir(str(shards / split), storage.join(url, split))
+        got = reader_lib.read_split_records(url, "dev")
+        want = reader_lib.read_split_records(str(shards), "dev")
+        assert [r["id"] for r in got] == [r["id"] for r in want]
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g["audio"], w["audio"])
+        assert os.path.isdir(os.path.join(storage.local_data(url, "tokenizer"), "tokenizer"))
+        fs.pipe_file("jaxspeech-gcs/corpus/dev/prep_report.json", b"{}")
+        local = storage.local_dir(storage.join(url, "dev"), "index.json")
+        assert open(os.path.join(local, "prep_report.json")).read() == "{}"
+        with pytest.raises(storage.StorageError, match="no bucket 'nope-gcs' on this endpoint"):
+            records.read_split_index("gs://nope-gcs/corpus", "dev")
