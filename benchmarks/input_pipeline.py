@@ -11,13 +11,23 @@ in one run on the current machine:
                         step (configs/demo.py: Conformer-CTC, one device) consumes, on batches
                         of the same shapes, after every shape is compiled;
   ratio                 loader / train. Goal: >= 5, so that the loader needs at most a
-                        fifth of the host's time and never starves the step.
+                        fifth of the host's time and never starves the step;
+  store                 the same corpus uploaded to an S3 server on 127.0.0.1 (moto's,
+                        benchmarks/lib/store_servers.py) and read from it the way training
+                        reads a `data.dir=s3://...`: the split mirrored into the local cache
+                        (jaxspeech.storage, MB/s and audio s/s of the download), then the
+                        loader on the mirror, beside the loader on the disk copy;
+  loader_speed_only     the loader with speed perturbation only (no noise, no reverb);
+  per_host_projection   the one-process loader rates (one core) times 16 cores, against
+                        30,000 audio s/s per host (8 GPUs' worth of Conformer-L steps). A
+                        projection: Grain's worker processes scale it, up to the host's
+                        memory bandwidth, which one core does not measure.
 
 The two are timed one after the other, not concurrently, so each has the machine to itself.
 The corpus is synthetic noise with the demo corpus's durations (0.9-6.2 s), written as
 ArrayRecord shards into a temporary directory, unless `--data` names a prepared data
-directory (e.g. data/demo/shards). Prints a table and writes
-`benchmarks/results/input_pipeline.json`.
+directory (e.g. data/demo/shards). `--no_store` leaves out the object-store part. Prints
+a table and writes `benchmarks/results/input_pipeline.json`.
 """
 
 from __future__ import annotations
@@ -50,8 +60,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:  # `benchmarks.lib` from this checkout when run as a script
     sys.path.insert(0, ROOT)
 
-from benchmarks.lib import environment, results  # noqa: E402
+from benchmarks.lib import environment, results, store_servers  # noqa: E402
 
+HOST_CORES, HOST_GOAL = 16, 30_000  # a 16-core GPU host; 8 GPUs' worth of Conformer-L
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 WORDS = "the a speech model of recognition train data audio loader step fast shard".split()
 
@@ -175,11 +186,51 @@ def _time_train_step(config, data_dir: str, spec, num_steps: int) -> dict:
     }
 
 
+def time_store(data_dir: str, spec, seed: int, num_batches: int, sample_rate: int, **kw) -> dict:
+    """Uploads ``data_dir``'s train split and tokenizer to a fresh local S3 server, mirrors
+    them into an empty cache as a training job does, and times the loader on the mirror."""
+    from jaxspeech import storage
+
+    with tempfile.TemporaryDirectory() as cache, store_servers.s3_server() as endpoint:
+        saved = {k: os.environ.get(k) for k in store_servers.s3_env(endpoint, cache)}
+        os.environ.update(store_servers.s3_env(endpoint, cache))
+        try:
+            url = "s3://jaxspeech-bench/corpus"
+            storage.filesystem(url)[0].mkdir("jaxspeech-bench")
+            t0 = time.perf_counter()
+            for sub in ("tokenizer", "train"):
+                storage.upload_dir(os.path.join(data_dir, sub), storage.join(url, sub))
+            upload_s = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            local = storage.local_data(url, "tokenizer", "train")
+            mirror_s = time.perf_counter() - t0
+            index = records.read_split_index(local, "train")
+            size = sum(os.path.getsize(p) for p in index.shard_paths)
+            loader = time_loader(train_pipeline(local, spec, seed, **kw), num_batches, sample_rate)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k)
+                else:
+                    os.environ[k] = v
+    return {
+        "server": "moto_server on 127.0.0.1",
+        "shard_mb": size / 1e6,
+        "corpus_audio_s": index.seconds,
+        "upload_s": upload_s,
+        "mirror_s": mirror_s,
+        "mirror_mb_per_s": size / 1e6 / mirror_s,
+        "mirror_audio_s_per_s": index.seconds / mirror_s,
+        "loader": loader,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer batches and steps")
     parser.add_argument("--data", default=None, help="a prepared data dir (default: synthetic)")
     parser.add_argument("--num_workers", type=int, default=0, help="Grain worker processes")
+    parser.add_argument("--no_store", action="store_true", help="no object-store part")
     args = parser.parse_args()
     flags.FLAGS.mark_as_parsed()  # Grain's worker processes read absl flags.
     config = demo.get_config()
@@ -199,16 +250,33 @@ def main() -> None:
         aug_cfg = augment.WaveformAugmentConfig(
             speeds=(0.9, 1.0, 1.1), noise_prob=1.0, reverb_prob=1.0, seed=config.seed
         )
-        loader_pipe = train_pipeline(
-            data_dir,
-            spec,
-            config.seed,
+        kw = dict(
             num_workers=args.num_workers,
             prefetch=config.data.prefetch,
             speeds=aug_cfg.speeds,
             augment=augment.WaveformAugmenter(aug_cfg, sr),
         )
-        loader = time_loader(loader_pipe, loader_batches, sr)
+        loader = time_loader(train_pipeline(data_dir, spec, config.seed, **kw), loader_batches, sr)
+        # Speed perturbation only (no noise, no reverberation): the recipes' usual load.
+        plain_kw = dict(num_workers=args.num_workers, prefetch=config.data.prefetch)
+        plain = time_loader(
+            train_pipeline(
+                data_dir,
+                spec,
+                config.seed,
+                speeds=aug_cfg.speeds,
+                augment=augment.WaveformAugmenter(
+                    augment.WaveformAugmentConfig(speeds=aug_cfg.speeds, seed=config.seed), sr
+                ),
+                **plain_kw,
+            ),
+            loader_batches,
+            sr,
+        )
+        store = None
+        if not args.no_store:
+            kw["augment"] = augment.WaveformAugmenter(aug_cfg, sr)  # the same draws again
+            store = time_store(data_dir, spec, config.seed, loader_batches, sr, **kw)
         train = time_train_step(config, data_dir, spec, train_steps)
     result = {
         "benchmark": "input_pipeline",
@@ -221,17 +289,48 @@ def main() -> None:
             "reverb_prob": aug_cfg.reverb_prob,
         },
         "loader": loader,
+        "loader_speed_only": plain,
         "train": train,
         "loader_audio_s_per_s": loader["rate"],
         "train_audio_s_per_s": train["rate"],
         "ratio": loader["rate"] / train["rate"],
+        "store": store,
+        # One process: the loader's rate is one core's (args.num_workers == 0).
+        "per_host_projection": {
+            "cores": HOST_CORES,
+            "audio_s_per_s": loader["rate"] * HOST_CORES if args.num_workers == 0 else None,
+            "speed_only_audio_s_per_s": (
+                plain["rate"] * HOST_CORES if args.num_workers == 0 else None
+            ),
+            "goal_audio_s_per_s": HOST_GOAL,
+        },
     }
     print("| stage | batches | audio s | wall s | audio s / s |")
     print("|---|---|---|---|---|")
-    for name, r in (("loader (all augmentation)", loader), ("demo train step", train)):
+    rows = [
+        ("loader from disk (all augmentation)", loader),
+        ("loader from disk (speed perturbation only)", plain),
+        ("demo train step", train),
+    ]
+    if store is not None:
+        rows.insert(1, ("loader from the S3 mirror (all augmentation)", store["loader"]))
+    for name, r in rows:
         n = r.get("batches", r.get("steps"))
         print(f"| {name} | {n} | {r['audio_s']:.0f} | {r['wall_s']:.1f} | {r['rate']:.1f} |")
     print(f"ratio loader / train: {result['ratio']:.1f} (goal >= 5)")
+    if store is not None:
+        print(
+            f"S3 mirror: {store['shard_mb']:.0f} MB of shards in {store['mirror_s']:.1f} s "
+            f"({store['mirror_mb_per_s']:.0f} MB/s, {store['mirror_audio_s_per_s']:.0f} "
+            "audio s/s), once per host"
+        )
+    projected = result["per_host_projection"]["audio_s_per_s"]
+    if projected is not None:
+        for name, rate in (("all augmentation", loader["rate"]), ("speed only", plain["rate"])):
+            print(
+                f"per host, projected, {name}: {rate:.0f} audio s/s per core x {HOST_CORES} "
+                f"= {rate * HOST_CORES:.0f} (goal >= {HOST_GOAL})"
+            )
     if not math.isfinite(result["ratio"]):
         raise SystemExit("no audio was timed")
     results.save_result(os.path.join(RESULTS, "input_pipeline.json"), result)

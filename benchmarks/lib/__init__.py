@@ -13,6 +13,8 @@
   the bitwise comparison of the final models).
 - synthetic_batch, mfu, config_overrides: the train step benchmark's batch maker, peak
   FLOP/s and rates, and `--set KEY=VALUE` (train_step).
+- store_servers: S3 (moto) and GCS (gcp-storage-emulator) servers on 127.0.0.1
+  (input_pipeline; tests/e2e/test_object_store.py).
 """
 
 import os

@@ -1,5 +1,5 @@
 """Prepared data on an object store: a real S3 server on 127.0.0.1 (moto's, in a
-subprocess; tests/store_servers.py), reached through botocore as any S3 endpoint.
+subprocess; benchmarks/lib/store_servers.py), reached through botocore as any S3 endpoint.
 
 `data_prep.prepare --output s3://...` uploads byte-identical shards (index.json last, the
 split's commit marker); `jaxspeech.train` with `data.dir=s3://...` trains and evaluates
@@ -18,13 +18,13 @@ import re
 import numpy as np
 import pytest
 
+from benchmarks.lib.store_servers import gcs_env, gcs_server, s3_env, s3_server
 from data_prep import prepare as prep
 from data_prep.readers.common import PrepareError
 from jaxspeech import storage
 from jaxspeech.data import reader as reader_lib
 from jaxspeech.data import records
 from tests.e2e.cli import cpu_env, run_module, train_args
-from tests.store_servers import gcs_env, gcs_server, s3_env, s3_server
 
 pytestmark = pytest.mark.slow
 BUCKET = "jaxspeech-data"
