@@ -3,6 +3,9 @@
     python -m data_prep.verify DIR [--split S [--split S2 ...]] [--report PATH] [--repair]
         [--verbose] [--runner DirectRunner] [other Beam options]
 
+DIR may be an object-store URL (s3://, gs://): its committed splits are mirrored into the
+local cache (jaxspeech.storage) and checked there; --repair takes local directories only.
+
 For every shard of every split (default: every split under DIR): the file exists and opens,
 holds the record count `index.json` gives, and every record reads, decodes (header and
 audio), is at the index's sample rate and has the duration `durations.npy` gives. Shards
@@ -38,7 +41,7 @@ import apache_beam as beam
 import numpy as np
 
 from data_prep.runner import pipeline_options, quiet_beam_output
-from jaxspeech import files
+from jaxspeech import files, storage
 from jaxspeech.data import reader as reader_lib
 from jaxspeech.data import records
 
@@ -325,9 +328,13 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(
         prog="python -m data_prep.verify", description=__doc__.split("\n\n")[0]
     )
-    parser.add_argument("data_dir", help="a directory written by data_prep.prepare")
+    parser.add_argument(
+        "data_dir", help="a directory written by data_prep.prepare (or an s3://, gs:// URL)"
+    )
     parser.add_argument("--split", action="append", help="a split to check (repeatable)")
-    parser.add_argument("--report", help="report file (default: DIR/verify.json)")
+    parser.add_argument(
+        "--report", help="report file (default: DIR/verify.json; for a URL, in its local mirror)"
+    )
     parser.add_argument("--repair", action="store_true", help="rewrite without bad records")
     parser.add_argument(
         "--verbose", action="store_true", help="show Beam's routine log lines (dropped otherwise)"
@@ -335,16 +342,49 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return parser.parse_known_args(argv)
 
 
+def store_mirror(url: str, splits: list[str] | None, repair: bool) -> str:
+    """The local mirror (jaxspeech.storage) of an object-store DIR's splits to check: the
+    given ones, else every committed one (a prefix with an index.json).
+
+    Raises:
+      VerifyError: --repair (it rewrites shards in place), a prefix with shards but no
+        index.json, or a store error (one line).
+    """
+    if repair:
+        raise VerifyError(
+            f"--repair rewrites shards in place; it takes a local directory, not {url} "
+            "(verify the store's splits here, repair a local copy and prepare it again)"
+        )
+    try:
+        listing = storage.list_files(url) if storage.exists(url) else {}
+        if splits is None:
+            splits = sorted({n.split("/")[0] for n in listing if n.count("/") == 1})
+            splits = [s for s in splits if f"{s}/{records.INDEX_FILE}" in listing]
+            bad = {n.split("/")[0] for n in listing if n.endswith(".array_record")} - set(splits)
+            if bad:
+                raise VerifyError(
+                    f"{', '.join(storage.join(url, b) for b in sorted(bad))}: not a complete "
+                    f"split (no {records.INDEX_FILE}, uploaded last)"
+                )
+        return storage.local_data(url, *splits)
+    except storage.StorageError as e:
+        raise VerifyError(str(e)) from e
+
+
 def main(argv: list[str] | None = None) -> int:
     args, beam_args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    source = args.data_dir
     try:
+        if storage.is_remote(source):  # checked on its local mirror
+            args.data_dir = store_mirror(source, args.split, args.repair)
         splits = split_names(args.data_dir, args.split)
     except VerifyError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     with quiet_beam_output(enabled=not args.verbose):
         by_split = run_checks(args.data_dir, splits, beam_args)
-    report = {"data_dir": os.path.abspath(args.data_dir), "splits": {}}
+    where = source if storage.is_remote(source) else os.path.abspath(source)
+    report = {"data_dir": where, "splits": {}}
     status = 0
     for split, shards in by_split.items():
         summary = summarize(split, shards)

@@ -114,9 +114,9 @@ def test_training_on_s3_data_equals_training_on_the_local_copy(
     assert len(wer) == 2 and all(line in tiny_run[1] for line in wer), (wer, tiny_run[1])
 
 
-def test_a_corrupt_object_is_named_by_the_readers(corpus, remote_corpus):
-    _, shards = corpus
-    url = storage.join(remote_corpus[0], "corrupt")
+def _corrupt_copy(shards, url: str) -> str:
+    """The dev split uploaded under `url` with 4 KiB of its shard's records overwritten;
+    returns the shard's name."""
     storage.upload_dir(str(shards / "dev"), storage.join(url, "dev"))
     fs, path = storage.filesystem(url)
     index = json.loads(fs.cat_file(f"{path}/dev/index.json"))
@@ -124,8 +124,31 @@ def test_a_corrupt_object_is_named_by_the_readers(corpus, remote_corpus):
     data = bytearray(fs.cat_file(f"{path}/dev/{shard}"))
     data[len(data) // 3 : len(data) // 3 + 4096] = os.urandom(4096)  # inside the records
     fs.pipe_file(f"{path}/dev/{shard}", bytes(data))
+    return shard
+
+
+def test_a_corrupt_object_is_named_by_the_readers(corpus, remote_corpus):
+    _, shards = corpus
+    url = storage.join(remote_corpus[0], "corrupt")
+    shard = _corrupt_copy(shards, url)
     with pytest.raises(ValueError, match=rf"unreadable records \(.*{shard}"):
         reader_lib.read_split_records(url, "dev")
+
+
+def test_verify_checks_a_store_split_read_only(corpus, remote_corpus, capsys):
+    from data_prep import verify
+
+    url = remote_corpus[0]
+    flags = ["--direct_running_mode=in_memory", "--direct_num_workers=1"]
+    assert verify.main([url, "--split", "dev", *flags]) == 0
+    out = capsys.readouterr().out
+    assert "dev: 1 shards" in out and "0 bad shards" in out, out
+    corrupt = storage.join(url, "verify-corrupt")
+    shard = _corrupt_copy(corpus[1], corrupt)
+    assert verify.main([corrupt, *flags]) == 1
+    assert f"{shard}: " in capsys.readouterr().out
+    assert verify.main([url, "--split", "dev", "--repair", *flags]) == 2
+    assert "--repair rewrites shards in place" in capsys.readouterr().err
 
 
 def test_store_mistakes_are_one_line(corpus, remote_corpus, tmp_path):
