@@ -225,60 +225,41 @@ def time_store(data_dir: str, spec, seed: int, num_batches: int, sample_rate: in
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer batches and steps")
-    parser.add_argument("--data", default=None, help="a prepared data dir (default: synthetic)")
-    parser.add_argument("--num_workers", type=int, default=0, help="Grain worker processes")
-    parser.add_argument("--no_store", action="store_true", help="no object-store part")
-    args = parser.parse_args()
-    flags.FLAGS.mark_as_parsed()  # Grain's worker processes read absl flags.
-    config = demo.get_config()
+def measure(args: argparse.Namespace, config, data_dir: str) -> dict:
+    """Every timing of one run on ``data_dir``: loaders, the object store, the train step."""
     sr = config.features.sample_rate
     loader_batches, train_steps = (40, 12) if args.quick else (200, 60)
-    with tempfile.TemporaryDirectory() as tmp:
-        data_dir = args.data
-        if data_dir is None:
-            data_dir = tmp
-            synth_corpus(tmp, 400 if args.quick else 1500, sr)
-        spec = pipeline_lib.make_bucket_spec(
-            config.data.bucket_boundaries,
-            config.data.batch_seconds,
-            config.data.max_tokens_per_second,
-            sr,
-        )
-        aug_cfg = augment.WaveformAugmentConfig(
-            speeds=(0.9, 1.0, 1.1), noise_prob=1.0, reverb_prob=1.0, seed=config.seed
-        )
-        kw = dict(
+    spec = pipeline_lib.make_bucket_spec(
+        config.data.bucket_boundaries,
+        config.data.batch_seconds,
+        config.data.max_tokens_per_second,
+        sr,
+    )
+    aug_cfg = augment.WaveformAugmentConfig(
+        speeds=(0.9, 1.0, 1.1), noise_prob=1.0, reverb_prob=1.0, seed=config.seed
+    )
+    # Speed perturbation only (no noise, no reverberation): the recipes' usual load.
+    speed_cfg = augment.WaveformAugmentConfig(speeds=aug_cfg.speeds, seed=config.seed)
+
+    def loader_kw(cfg: augment.WaveformAugmentConfig) -> dict:
+        return dict(
             num_workers=args.num_workers,
             prefetch=config.data.prefetch,
-            speeds=aug_cfg.speeds,
-            augment=augment.WaveformAugmenter(aug_cfg, sr),
+            speeds=cfg.speeds,
+            augment=augment.WaveformAugmenter(cfg, sr),  # a fresh one: the same draws
         )
-        loader = time_loader(train_pipeline(data_dir, spec, config.seed, **kw), loader_batches, sr)
-        # Speed perturbation only (no noise, no reverberation): the recipes' usual load.
-        plain_kw = dict(num_workers=args.num_workers, prefetch=config.data.prefetch)
-        plain = time_loader(
-            train_pipeline(
-                data_dir,
-                spec,
-                config.seed,
-                speeds=aug_cfg.speeds,
-                augment=augment.WaveformAugmenter(
-                    augment.WaveformAugmentConfig(speeds=aug_cfg.speeds, seed=config.seed), sr
-                ),
-                **plain_kw,
-            ),
-            loader_batches,
-            sr,
-        )
-        store = None
-        if not args.no_store:
-            kw["augment"] = augment.WaveformAugmenter(aug_cfg, sr)  # the same draws again
-            store = time_store(data_dir, spec, config.seed, loader_batches, sr, **kw)
-        train = time_train_step(config, data_dir, spec, train_steps)
-    result = {
+
+    def timed(cfg: augment.WaveformAugmentConfig) -> dict:
+        pipe = train_pipeline(data_dir, spec, config.seed, **loader_kw(cfg))
+        return time_loader(pipe, loader_batches, sr)
+
+    loader, plain = timed(aug_cfg), timed(speed_cfg)
+    store = None
+    if not args.no_store:
+        store = time_store(data_dir, spec, config.seed, loader_batches, sr, **loader_kw(aug_cfg))
+    train = time_train_step(config, data_dir, spec, train_steps)
+    one_core = args.num_workers == 0  # the loader's rate is then one core's
+    return {
         "benchmark": "input_pipeline",
         **environment.jax_host(),
         "data": args.data or "synthetic",
@@ -295,22 +276,24 @@ def main() -> None:
         "train_audio_s_per_s": train["rate"],
         "ratio": loader["rate"] / train["rate"],
         "store": store,
-        # One process: the loader's rate is one core's (args.num_workers == 0).
         "per_host_projection": {
             "cores": HOST_CORES,
-            "audio_s_per_s": loader["rate"] * HOST_CORES if args.num_workers == 0 else None,
-            "speed_only_audio_s_per_s": (
-                plain["rate"] * HOST_CORES if args.num_workers == 0 else None
-            ),
+            "audio_s_per_s": loader["rate"] * HOST_CORES if one_core else None,
+            "speed_only_audio_s_per_s": plain["rate"] * HOST_CORES if one_core else None,
             "goal_audio_s_per_s": HOST_GOAL,
         },
     }
+
+
+def print_result(result: dict) -> None:
+    """The table and the summary lines."""
+    loader, plain, store = result["loader"], result["loader_speed_only"], result["store"]
     print("| stage | batches | audio s | wall s | audio s / s |")
     print("|---|---|---|---|---|")
     rows = [
         ("loader from disk (all augmentation)", loader),
         ("loader from disk (speed perturbation only)", plain),
-        ("demo train step", train),
+        ("demo train step", result["train"]),
     ]
     if store is not None:
         rows.insert(1, ("loader from the S3 mirror (all augmentation)", store["loader"]))
@@ -324,13 +307,30 @@ def main() -> None:
             f"({store['mirror_mb_per_s']:.0f} MB/s, {store['mirror_audio_s_per_s']:.0f} "
             "audio s/s), once per host"
         )
-    projected = result["per_host_projection"]["audio_s_per_s"]
-    if projected is not None:
+    if result["per_host_projection"]["audio_s_per_s"] is not None:
         for name, rate in (("all augmentation", loader["rate"]), ("speed only", plain["rate"])):
             print(
                 f"per host, projected, {name}: {rate:.0f} audio s/s per core x {HOST_CORES} "
                 f"= {rate * HOST_CORES:.0f} (goal >= {HOST_GOAL})"
             )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer batches and steps")
+    parser.add_argument("--data", default=None, help="a prepared data dir (default: synthetic)")
+    parser.add_argument("--num_workers", type=int, default=0, help="Grain worker processes")
+    parser.add_argument("--no_store", action="store_true", help="no object-store part")
+    args = parser.parse_args()
+    flags.FLAGS.mark_as_parsed()  # Grain's worker processes read absl flags.
+    config = demo.get_config()
+    with tempfile.TemporaryDirectory() as tmp:
+        data_dir = args.data
+        if data_dir is None:
+            data_dir = tmp
+            synth_corpus(tmp, 400 if args.quick else 1500, config.features.sample_rate)
+        result = measure(args, config, data_dir)
+    print_result(result)
     if not math.isfinite(result["ratio"]):
         raise SystemExit("no audio was timed")
     results.save_result(os.path.join(RESULTS, "input_pipeline.json"), result)

@@ -52,8 +52,10 @@ class StorageError(UserError):
     """An object-store path that cannot be used: reported as one line."""
 
 
-def is_remote(path: str) -> bool:
-    """Whether ``path`` is an object-store URL (``s3://``, ``gs://``)."""
+def is_remote(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is an object-store URL (``s3://``, ``gs://``); a local path may be
+    a ``pathlib.Path``."""
+    path = os.fspath(path)
     return path.split("://", 1)[0] in SCHEMES if "://" in path else False
 
 
@@ -291,7 +293,7 @@ def _size(path: str) -> int:
         return -1
 
 
-def local_data(data_dir: str, *subdirs: str) -> str:
+def local_data(data_dir: str | os.PathLike, *subdirs: str) -> str:
     """A prepared corpus's directory to read locally: ``data_dir`` itself when local; for
     an object-store URL its cache mirror, with ``subdirs`` (splits, committed by their
     index.json, and ``tokenizer``) brought up to date.
@@ -300,7 +302,8 @@ def local_data(data_dir: str, *subdirs: str) -> str:
       StorageError: see local_dir.
     """
     if not is_remote(data_dir):
-        return data_dir
+        return os.fspath(data_dir)
+    data_dir = os.fspath(data_dir)
     for sub in subdirs:
         local_dir(join(data_dir, sub), None if sub == "tokenizer" else COMMIT_FILE)
     return cache_path(data_dir)

@@ -1,6 +1,7 @@
-"""Object-store servers on 127.0.0.1 for the storage tests and benchmarks, each a subprocess reached over
-HTTP like the real service (no object in the test process is mocked): moto's standalone
-S3 server (`moto_server`) and gcp-storage-emulator's GCS JSON API (dev dependencies)."""
+"""Object-store servers on 127.0.0.1 for the storage tests and benchmarks, each a
+subprocess reached over HTTP like the real service (no object in the test process is
+mocked): moto's standalone S3 server (`moto_server`) and gcp-storage-emulator's GCS JSON
+API (dev dependencies)."""
 
 from __future__ import annotations
 
