@@ -23,8 +23,8 @@ def _free_port() -> int:
 
 
 def s3_env(endpoint: str, cache: str) -> dict[str, str]:
-    """The variables a job needs for the server: the endpoint, dummy credentials, a
-    region, and the storage cache."""
+    """The variables a job needs for the server: the endpoint, a fixed key pair (moto
+    accepts any), a region, and the storage cache."""
     return {
         "AWS_ENDPOINT_URL": endpoint,
         "AWS_ACCESS_KEY_ID": "test",
