@@ -59,6 +59,11 @@ def is_remote(path: str | os.PathLike) -> bool:
     return path.split("://", 1)[0] in SCHEMES if "://" in path else False
 
 
+def absolute(path: str | os.PathLike) -> str:
+    """An object-store URL unchanged, a local path made absolute (what reports record)."""
+    return os.fspath(path) if is_remote(path) else os.path.abspath(path)
+
+
 def join(base: str, *parts: str) -> str:
     """``base/part/...`` for a local path or a URL."""
     if not is_remote(base):

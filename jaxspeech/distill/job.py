@@ -17,6 +17,7 @@ from flax import nnx
 from jax.sharding import Mesh
 from ml_collections import ConfigDict
 
+from jaxspeech import storage
 from jaxspeech.data import pipeline as pipeline_lib
 from jaxspeech.data import reader as reader_lib
 from jaxspeech.data import records
@@ -115,7 +116,8 @@ def _check_outputs(req: Request) -> None:
             raise UserError(f"--min_confidence must be in [0, 1], got {req.min_confidence}")
         if _same(req.pseudo_dir, req.output):
             raise UserError("--pseudo_labels must be another directory than --output")
-        stats = os.path.join(req.data, req.split, "stats.json")
+        local = storage.local_data(req.data, req.split)  # a URL: its mirror
+        stats = os.path.join(local, req.split, "stats.json")
         if not os.path.isfile(stats):
             raise UserError(
                 f"{stats} not found: the pseudo-label split copies the source split's "
@@ -179,6 +181,14 @@ class Job:
     def num_shards(self) -> int:
         return len(self.index.shard_paths)
 
+    def shard_source(self, shard: int) -> str:
+        """Where shard ``shard`` of the split lives, as markers record it: its URL when the
+        data is on an object store (the local mirror differs from host to host)."""
+        path = self.index.shard_paths[shard]
+        if not storage.is_remote(self.req.data):
+            return path
+        return storage.join(self.req.data, self.req.split, os.path.basename(path))
+
     @property
     def vocab_size(self) -> int:
         return self.run.tokenizer.vocab_size
@@ -193,7 +203,7 @@ class Job:
             "step": self.run.step,
             "top_k": self.req.top_k,
             "vocab_size": self.vocab_size,
-            "data": os.path.abspath(self.req.data),
+            "data": storage.absolute(self.req.data),
             "split": self.req.split,
             "num_shards": self.num_shards,
         }
@@ -358,7 +368,7 @@ def complete_marker(job: Job, shard: int) -> dict | None:
             f"{job.identity}): use another --output, or remove it"
         )
     ok = (
-        marker["source"] == job.index.shard_paths[shard]
+        marker["source"] == job.shard_source(shard)
         and marker["source_records"] == marker["records"] == job.index.shard_num_records[shard]
         and trecords.file_size(path) == marker["bytes"]
     )

@@ -89,7 +89,7 @@ def label_shard(job: job_lib.Job, shard: int) -> dict:
         "records": len(items),
         "bytes": trecords.write_file(path, [data for data, _ in items]),
         "record_bytes": sum(len(data) for data, _ in items),
-        "source": job.index.shard_paths[shard],
+        "source": job.shard_source(shard),
         "source_records": job.index.shard_num_records[shard],
         "audio_seconds": float(durations[labelled].sum()),
         "frames": sum(h["frames"] for h in heads),

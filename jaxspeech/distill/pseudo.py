@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from jaxspeech import storage
 from jaxspeech.data import reader as reader_lib
 from jaxspeech.data import records
 from jaxspeech.data.tokenizer import Tokenizer, normalize_text
@@ -99,9 +100,9 @@ def write_pseudo_split(job: Job, markers: dict[int, dict]) -> dict:
     req, n = job.req, job.num_shards
     pseudo = [markers[s]["pseudo"] for s in range(n)]
     durations = [job.index.durations[job.shard_slice(s)][p["kept"]] for s, p in enumerate(pseudo)]
-    source_dir = os.path.join(req.data, req.split)
+    source_dir = os.path.join(storage.local_data(req.data, req.split), req.split)
     report = {
-        "source": os.path.abspath(source_dir),
+        "source": storage.absolute(storage.join(req.data, req.split)),
         "teacher": os.path.abspath(req.teacher),
         "step": job.run.step,
         "min_confidence": req.min_confidence,

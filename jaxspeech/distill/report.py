@@ -7,6 +7,7 @@ import os
 
 import jax
 
+from jaxspeech import storage
 from jaxspeech.distill import records as trecords
 from jaxspeech.distill.job import Job
 
@@ -86,7 +87,7 @@ def summarize(job: Job, markers: dict[int, dict], planned: list[int], wall_s: fl
             "definition": CONFIDENCE,
             "mean": sum(m["confidence_sum"] for m in ms) / max(labelled, 1),
         },
-        "data": os.path.abspath(job.req.data),
+        "data": storage.absolute(job.req.data),
         "split": job.req.split,
         "num_shards": job.num_shards,
         "num_records": num_records,

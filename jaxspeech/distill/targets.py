@@ -70,7 +70,9 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> None:
     )
     # --workdir names the run on every other command: the teacher's run here.
     flags.DEFINE_alias("workdir", "teacher", flag_values=fv)
-    flags.DEFINE_string("data", None, "Prepared data directory.", flag_values=fv)
+    flags.DEFINE_string(
+        "data", None, "Prepared data directory (or an s3://, gs:// URL).", flag_values=fv
+    )
     flags.DEFINE_string("split", None, "Split of --data to label.", flag_values=fv)
     flags.DEFINE_integer("top_k", None, "Labels kept per frame, in [1, V].", flag_values=fv)
     flags.DEFINE_string("output", None, "Targets directory: OUT/<split>/.", flag_values=fv)

@@ -24,6 +24,7 @@ from data_prep.readers.common import PrepareError
 from jaxspeech import storage
 from jaxspeech.data import reader as reader_lib
 from jaxspeech.data import records
+from tests.distill.test_targets import SPLIT, data, job_args, reference  # noqa: F401  (fixtures)
 from tests.e2e.cli import cpu_env, run_module, train_args
 
 pytestmark = pytest.mark.slow
@@ -84,11 +85,11 @@ def test_prepared_shards_on_s3_are_the_local_ones(corpus, remote_corpus):
             for f in names
         )
         assert sorted(objects) == local
-        for name, data in objects.items():
+        for name, blob in objects.items():
             if name == "prep_report.json":  # its paths and elapsed time differ
-                assert json.loads(data)["split_dir"] == f"{url}/{split}"
+                assert json.loads(blob)["split_dir"] == f"{url}/{split}"
                 continue
-            assert data == (shards / split / name).read_bytes(), (split, name)
+            assert blob == (shards / split / name).read_bytes(), (split, name)
 
 
 def test_training_on_s3_data_equals_training_on_the_local_copy(
@@ -121,9 +122,9 @@ def _corrupt_copy(shards, url: str) -> str:
     fs, path = storage.filesystem(url)
     index = json.loads(fs.cat_file(f"{path}/dev/index.json"))
     shard = index["shards"][0]["path"]
-    data = bytearray(fs.cat_file(f"{path}/dev/{shard}"))
-    data[len(data) // 3 : len(data) // 3 + 4096] = os.urandom(4096)  # inside the records
-    fs.pipe_file(f"{path}/dev/{shard}", bytes(data))
+    blob = bytearray(fs.cat_file(f"{path}/dev/{shard}"))
+    blob[len(blob) // 3 : len(blob) // 3 + 4096] = os.urandom(4096)  # inside the records
+    fs.pipe_file(f"{path}/dev/{shard}", bytes(blob))
     return shard
 
 
@@ -253,3 +254,39 @@ def test_gcs_through_the_same_layer(corpus, tmp_path, monkeypatch):
         assert open(os.path.join(local, "prep_report.json")).read() == "{}"
         with pytest.raises(storage.StorageError, match="no bucket 'nope-gcs' on this endpoint"):
             records.read_split_index("gs://nope-gcs/corpus", "dev")
+
+
+def test_distillation_targets_from_s3_data_equal_the_local_ones(  # noqa: F811
+    store,
+    data,  # noqa: F811
+    reference,  # noqa: F811
+    tiny_run,
+    tmp_path,
+):
+    """tests/distill/test_targets.py's reference job again, its split read from S3: the
+    same target shards, byte for byte; the markers and report name the URL."""
+    url = storage.join(store[0], "distill")
+    storage.upload_dir(os.path.join(data, SPLIT), storage.join(url, SPLIT))
+    out = tmp_path / "targets"
+    run_module(
+        "jaxspeech.distill.targets", *job_args(tiny_run[0], url, out), env=cpu_env() | store[1]
+    )
+    want = sorted(os.listdir(reference[0] / SPLIT))
+    assert sorted(os.listdir(out / SPLIT)) == want
+    for name in want:
+        got, ref = (out / SPLIT / name).read_bytes(), (reference[0] / SPLIT / name).read_bytes()
+        if name.endswith(".json"):  # they record where the data was, and times
+            got, ref = _where_from(json.loads(got), url), _where_from(json.loads(ref), data)
+        assert got == ref, name
+
+
+def _where_from(report: dict, location) -> dict:
+    """A targets marker or report with the data's location made relative and its timings
+    removed."""
+    text = json.dumps(report).replace(os.fspath(location), "DATA")
+    report = json.loads(text)
+    for key in ("seconds", "throughput"):
+        report.pop(key, None)
+    for shard in report.get("shards", []):
+        shard.pop("seconds", None)
+    return report
