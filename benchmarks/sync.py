@@ -91,6 +91,18 @@ STRATEGIES = {
         (1, 4, 1, 1),
         {"strategy": "bmuf", "block_steps": BLOCK_STEPS, "block_gain": 2.0},
     ),
+    # BMUF as plain block-wise model averaging (eta 0, zeta 1): no block momentum, whose
+    # lag the gain-1 and gain-2 rows pay for with AdamW learners.
+    "bmuf_avg": (
+        (1, 4, 1, 1),
+        {
+            "strategy": "bmuf",
+            "block_steps": BLOCK_STEPS,
+            "block_momentum": 0.0,
+            "block_lr": 1.0,
+            "nesterov": False,
+        },
+    ),
     "gtc_warm": (
         (1, 4, 1, 1),
         {

@@ -18,7 +18,7 @@ import sys
 
 from absl import app, flags, logging
 
-from jaxspeech import cli
+from jaxspeech import cli, storage
 from jaxspeech.evaluation import run as eval_run
 from jaxspeech.evaluation import scoring, watcher
 from jaxspeech.parallel import mesh as mesh_lib
@@ -47,6 +47,11 @@ def main(argv: list[str]) -> None:
     def job() -> None:
         if FLAGS.watch and FLAGS.step is not None:
             cli.usage_error("--step and --watch exclude each other (--watch scores every step)")
+        if FLAGS.watch and storage.is_remote(FLAGS.workdir):
+            cli.usage_error(
+                "--watch needs a local run directory (it polls the run's files); evaluate a "
+                "run on an object store without --watch, one step at a time"
+            )
         splits = scoring.parse_splits(FLAGS.split) if FLAGS.split else None
         overrides = (FLAGS.method, FLAGS.beam, FLAGS.max_corrupt_fraction, cli.decoding_overrides())
         if FLAGS.watch:

@@ -26,7 +26,7 @@ import sys
 
 from absl import flags
 
-from jaxspeech import cli
+from jaxspeech import cli, storage
 from jaxspeech.runs import status as status_lib
 
 
@@ -64,7 +64,7 @@ def main(argv: list[str]) -> int:
         cli.usage_error(f"{workdir} is not a directory")
     status = status_lib.run_status(workdir)
     print(status_lib.describe(status), flush=True)
-    if not os.path.exists(workdir):
+    if not storage.exists(workdir):
         print(f"status: {workdir} does not exist (no run there yet)", file=sys.stderr)
     return 0 if status["state"] == "finished" else 1
 

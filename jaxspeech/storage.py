@@ -291,6 +291,39 @@ def local_dir(url: str, commit_file: str | None = None) -> str:
     return local
 
 
+def local_file(url: str | os.PathLike) -> str:
+    """A local path holding the object ``url`` (a file only a local reader can open: a
+    KenLM model): ``url`` itself when local, else its copy in the cache, fetched again when
+    the object's size or ETag changed.
+
+    Raises:
+      StorageError: no such object, or a failed download.
+    """
+    if not is_remote(url):
+        return os.fspath(url)
+    url = os.fspath(url)
+    fs, path = filesystem(url)
+    info = retrying(url, lambda: fs.info(path))
+    meta = {"size": int(info["size"]), "etag": _etag(info)}
+    target = cache_path(url)
+    stamp = target + ".store.json"
+    try:
+        with open(stamp) as f:
+            if json.load(f) == meta and _size(target) == meta["size"]:
+                return target
+    except (OSError, ValueError):
+        pass
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    temp = files.temp_path(target)
+    retrying(url, lambda: fs.get_file(path, temp))
+    if _size(temp) != meta["size"]:
+        os.remove(temp)
+        raise StorageError(f"{url}: downloaded {_size(temp)} bytes of {meta['size']}")
+    os.replace(temp, target)
+    files.atomic_json(stamp, meta)
+    return target
+
+
 def _size(path: str) -> int:
     try:
         return os.path.getsize(path)

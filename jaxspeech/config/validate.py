@@ -23,6 +23,7 @@ import os
 
 from ml_collections import ConfigDict
 
+from jaxspeech import storage
 from jaxspeech.audio import augment, mfcc
 from jaxspeech.config import defaults, ranges, relations
 from jaxspeech.config.ranges import RANGES, Report, get, show, under
@@ -161,8 +162,15 @@ def _key_mistakes(config: ConfigDict) -> tuple[list[str], bool]:
     return lines, bool(missing)
 
 
+REMOTE_FILES = ("decoding.lm_path",)  # may be s3://, gs:// (read when the LM is loaded)
+
+
 def _file(c: ConfigDict, key: str, report: Report) -> None:
     path = get(c, key)
+    if path and storage.is_remote(path):
+        if key not in REMOTE_FILES:
+            report(f"{key}: a local file, not an object-store URL, got {path!r}")
+        return
     if path and not os.path.isfile(path):
         report(f"{key}: no such file {path!r}")
 

@@ -24,6 +24,7 @@ import os
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from jaxspeech import storage
 from jaxspeech.data.tokenizer import BLANK_ID, UNK, UNK_ID, Tokenizer
 from jaxspeech.errors import UserError
 
@@ -58,6 +59,7 @@ class NgramLM:
             raise UserError(
                 "LM fusion needs KenLM's Python module: pip install 'jaxspeech[lm]'"
             ) from e
+        path = storage.local_file(path)  # s3://, gs://: KenLM reads local files only
         if not os.path.isfile(path):
             raise UserError(f"decoding.lm_path: no language model file at {path!r}")
         try:

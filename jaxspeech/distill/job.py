@@ -199,7 +199,7 @@ class Job:
         shapes are not part of it: a rerun on hosts with other device counts pads
         otherwise, which changes the numbers by float rounding only."""
         return {
-            "teacher": os.path.abspath(self.req.teacher),
+            "teacher": storage.absolute(self.req.teacher),
             "step": self.run.step,
             "top_k": self.req.top_k,
             "vocab_size": self.vocab_size,

@@ -103,7 +103,7 @@ def write_pseudo_split(job: Job, markers: dict[int, dict]) -> dict:
     source_dir = os.path.join(storage.local_data(req.data, req.split), req.split)
     report = {
         "source": storage.absolute(storage.join(req.data, req.split)),
-        "teacher": os.path.abspath(req.teacher),
+        "teacher": storage.absolute(req.teacher),
         "step": job.run.step,
         "min_confidence": req.min_confidence,
         "num_input": job.index.num_records,

@@ -15,7 +15,7 @@ from jaxspeech.errors import UserError
 from jaxspeech.evaluation import scoring
 from jaxspeech.parallel import rules
 from jaxspeech.runs import checkpoint as ckpt_lib
-from jaxspeech.runs import loading
+from jaxspeech.runs import loading, remote
 
 
 def evaluate_run(
@@ -145,9 +145,13 @@ def evaluate_splits(
             ]
     except (FileNotFoundError, ValueError, ckpt_lib.CheckpointError) as e:
         raise UserError(str(e)) from e
+    copy = remote.reader(workdir)  # a run on an object store: written here, then pushed
     for result in results:
         result["step"] = run.step
-        scoring.write_result(workdir, result, run.step, result_tag(config, method, beam, decoding))
+        tag = result_tag(config, method, beam, decoding)
+        scoring.write_result(copy.local, result, run.step, tag)
+    if jax.process_index() == 0:
+        copy.push()
     return results
 
 

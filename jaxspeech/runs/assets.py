@@ -26,11 +26,16 @@ TOKENIZER = "tokenizer"
 
 
 # ---------------------------------------------------------------- a run's assets
-def install_assets(config: ConfigDict, workdir: str) -> tuple[str, np.ndarray, np.ndarray]:
+def install_assets(
+    config: ConfigDict, workdir: str, every_process: bool = False
+) -> tuple[str, np.ndarray, np.ndarray]:
     """Copy the data's tokenizer and feature statistics into RUN/assets (first run only).
 
     Returns (tokenizer dir, mean (F,), std (F,)). A resumed run keeps its own
     assets; if the data directory's tokenizer changed since, that is an error.
+    every_process: each process writes its own copy (a run on an object store: each
+    process works in its own local copy, runs/remote.py); else process 0 writes and the
+    others wait for it on the shared file system.
     """
     split = config.data.train_split
     data_dir = storage.local_data(config.data.dir, TOKENIZER, split)  # a URL: its mirror
@@ -44,7 +49,7 @@ def install_assets(config: ConfigDict, workdir: str) -> tuple[str, np.ndarray, n
             )
     assets = os.path.join(workdir, ASSETS)
     dst_tok = os.path.join(assets, TOKENIZER)
-    if jax.process_index() == 0 and not os.path.exists(dst_tok):
+    if (every_process or jax.process_index() == 0) and not os.path.exists(dst_tok):
         os.makedirs(assets, exist_ok=True)
         shutil.copytree(src_tok, dst_tok + ".tmp", dirs_exist_ok=True)
         with open(stats_path, "rb") as f:

@@ -43,6 +43,9 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 from orbax.checkpoint import checkpoint_managers as policies
 
+from jaxspeech import storage
+from jaxspeech.runs import remote
+
 MODEL, TRAIN, DATA_ITER, META = "model", "train", "data_iter", "meta"
 CORRUPT_DIR = "checkpoints_corrupt"
 BEST_METRIC = "eval_wer"  # `save(metrics=...)` key the best checkpoint is chosen by (lower)
@@ -192,8 +195,13 @@ class Checkpointer:
         init_from): no directory is created and no temporary save is cleaned up."""
         if keep < 1:
             raise ValueError(f"keep must be >= 1 checkpoints, got {keep}")
-        self.workdir = os.path.abspath(workdir)
-        self.directory = os.path.join(self.workdir, "checkpoints")
+        self.workdir = storage.absolute(workdir)
+        self.directory = storage.join(self.workdir, "checkpoints")
+        self.remote = storage.is_remote(self.workdir)
+        if self.workdir.startswith("s3://"):
+            remote.install_orbax_s3()
+        elif self.remote:
+            remote.configure_gcs()
         self.every_steps, self.every_minutes = int(every_steps), float(every_minutes)
         keep_policies = [policies.LatestN(n=keep)]
         if keep_best:
@@ -215,6 +223,10 @@ class Checkpointer:
                 # temporary directory of a save in flight.
                 cleanup_tmp_directories=not read_only,
                 preservation_policy=policies.AnyPreservationPolicy(keep_policies),
+                # Object stores have no rename: a step is committed by its commit file.
+                temporary_path_class=(
+                    ocp.path.atomicity.CommitFileTemporaryPath if self.remote else None
+                ),
             ),
             item_names=(MODEL, TRAIN, DATA_ITER, META),
             item_handlers={
@@ -318,16 +330,24 @@ class Checkpointer:
             # A save that failed (a full disk) also ends: only a step Orbax finalized, i.e.
             # renamed from its temporary directory, counts (the error surfaces at the next
             # save or wait).
-            if os.path.isdir(os.path.join(self.directory, str(self._in_flight))):
+            if self.finalized(self._in_flight):
                 self._committed.append(self._in_flight)
             self._in_flight = None
         out, self._committed = self._committed, []
         return out
 
+    def finalized(self, step: int) -> bool:
+        """Whether Orbax finalized `step`: renamed from its temporary directory on a disk,
+        its commit file written on an object store."""
+        if not self.remote:
+            return os.path.isdir(os.path.join(self.directory, str(step)))
+        commit = ocp.path.atomicity.COMMIT_SUCCESS_FILE
+        return storage.exists(storage.join(self.directory, str(step), commit))
+
     # ------------------------------------------------------------ restore
     def meta(self, step: int) -> dict:
         """The JSON item of `step` ({} for a checkpoint saved without one)."""
-        if not os.path.isdir(os.path.join(self.directory, str(step), META)):
+        if not storage.exists(storage.join(self.directory, str(step), META)):
             return {}
         out = self.manager.restore(step, args=ocp.args.Composite(**{META: ocp.args.JsonRestore()}))
         return dict(out[META] or {})
@@ -435,7 +455,9 @@ class Checkpointer:
 
     def quarantine(self, step: int) -> None:
         """Move `step` out of the manager's sight (process 0; everyone waits for it)."""
-        if jax.process_index() == 0:
+        if jax.process_index() == 0 and self.remote:
+            self._quarantine_object_store(step)
+        elif jax.process_index() == 0:
             dst_root = os.path.join(self.workdir, CORRUPT_DIR)
             os.makedirs(dst_root, exist_ok=True)
             dst = os.path.join(dst_root, f"{step}-{int(time.time())}")
@@ -445,6 +467,19 @@ class Checkpointer:
         if jax.process_count() > 1:
             multihost_utils.sync_global_devices(f"jaxspeech quarantine {step}")
         self.manager.reload()
+
+    def _quarantine_object_store(self, step: int) -> None:
+        """A store has no rename: the step's objects are copied aside, then its commit
+        file is deleted (a kill after that leaves no step that looks committed), then
+        the rest."""
+        fs, path = storage.filesystem(self.directory)
+        src = f"{path}/{step}"
+        dst = storage.join(self.workdir, CORRUPT_DIR, f"{step}-{int(time.time())}")
+        _, dst_path = storage.filesystem(dst)
+        storage.retrying(dst, lambda: fs.copy(src, dst_path, recursive=True))
+        commit = f"{src}/{ocp.path.atomicity.COMMIT_SUCCESS_FILE}"
+        storage.retrying(dst, lambda: fs.rm(commit))
+        storage.retrying(dst, lambda: fs.rm(src, recursive=True))
 
     # ------------------------------------------------------------ lifetime
     def wait(self) -> None:
@@ -463,11 +498,11 @@ def load_model(path: str, abstract_model: dict, step: int | None = None) -> tupl
     Raises:
       CheckpointError: no such run or step, an incompatible model, or a corrupt step.
     """
-    path = os.path.abspath(path)
-    name, parent = os.path.basename(path), os.path.dirname(path)
-    if name.isdigit() and os.path.basename(parent) == "checkpoints":
-        step, path = int(name), os.path.dirname(parent)
-    if not os.path.isdir(os.path.join(path, "checkpoints")):
+    path = storage.absolute(path).rstrip("/")
+    name, parent = path.rsplit("/", 1)[-1], path.rsplit("/", 1)[0]
+    if name.isdigit() and parent.rsplit("/", 1)[-1] == "checkpoints":
+        step, path = int(name), parent.rsplit("/", 1)[0]
+    if not storage.exists(storage.join(path, "checkpoints")):
         raise CheckpointError(
             f"{path} is neither a run directory (with checkpoints/) nor RUN/checkpoints/<step>"
         )

@@ -27,6 +27,10 @@ stops at its next step without writing more.
 
 Multi-host jobs: process 0 takes the lease; the trainer broadcasts the outcome so every
 process goes on or stops together.
+
+A run directory on an object store keeps its lease there: an exclusive create is a PUT
+with a precondition (S3 ``If-None-Match: *``, GCS ``ifGenerationMatch=0``), a rewrite is
+a PUT (atomic); the holder's pid is checked only on the same host, as for a shared disk.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ import time
 import uuid
 from collections.abc import Callable
 
-from jaxspeech import files
+from jaxspeech import files, storage
 from jaxspeech.errors import UserError
 
 LEASE = "lease.json"
@@ -57,12 +61,65 @@ class LeaseLost(UserError):
     """Another job took over this job's lease (it presumed this one dead)."""
 
 
+# ---------------------------------------------------------------- the file, anywhere
+def _read(path: str) -> bytes:
+    """Raises FileNotFoundError when there is no such file or object."""
+    if not storage.is_remote(path):
+        with open(path, "rb") as f:
+            return f.read()
+    fs, key = storage.filesystem(path)
+    try:
+        return storage.retrying(path, lambda: fs.cat_file(key))
+    except storage.StorageError as e:
+        if isinstance(e.__cause__, FileNotFoundError):
+            raise FileNotFoundError(path) from e
+        raise
+
+
+def _create(path: str, data: str) -> bool:
+    """Creates `path` holding `data` unless it exists (then False)."""
+    if not storage.is_remote(path):
+        return files.create_exclusive(path, data)
+    fs, key = storage.filesystem(path)
+    try:
+        storage.retrying(path, lambda: fs.pipe_file(key, data.encode(), mode="create"))
+    except storage.StorageError as e:
+        if isinstance(e.__cause__, FileExistsError):
+            return False
+        raise
+    return True
+
+
+def _write(path: str, data: str) -> None:
+    if not storage.is_remote(path):
+        return files.atomic_write(path, data)
+    fs, key = storage.filesystem(path)
+    storage.retrying(path, lambda: fs.pipe_file(key, data.encode()))
+
+
+def _remove(path: str) -> None:
+    """Removes `path`; no error when it is gone."""
+    if not storage.is_remote(path):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+        return
+    storage.remove(path)
+
+
+def _age_s(path: str) -> float:
+    """Seconds since `path` was last written."""
+    if not storage.is_remote(path):
+        return time.time() - os.path.getmtime(path)
+    fs, key = storage.filesystem(path)
+    modified = storage.retrying(path, lambda: fs.modified(key))
+    return time.time() - modified.timestamp()
+
+
 def read_lease(path: str) -> dict | None:
     """The lease at `path`, {} when the file exists but cannot be read as one (a foreign
     or damaged file), None when there is none."""
     try:
-        with open(path, encoding="utf-8") as f:
-            value = json.load(f)
+        value = json.loads(_read(path))
     except FileNotFoundError:
         return None
     except (OSError, ValueError):
@@ -130,7 +187,7 @@ class Lease:
     def acquire(self) -> None:
         """Takes the lease (creating or taking over a stale one) or raises LeaseHeld."""
         for _ in range(20):  # each pass either succeeds, refuses, or saw the file change
-            if files.create_exclusive(self.path, json.dumps(self.record)):
+            if _create(self.path, json.dumps(self.record)):
                 return self._start()
             held = read_lease(self.path)
             if held is None:  # released between our create and read
@@ -150,19 +207,19 @@ class Lease:
         """Replaces the `stale` lease with ours under the takeover lock; False when another
         job holds the lock (or the lease changed meanwhile)."""
         lock = self.path + TAKEOVER_SUFFIX
-        if not files.create_exclusive(lock, self.record["owner"]):
+        if not _create(lock, self.record["owner"]):
             with contextlib.suppress(OSError):
-                if time.time() - os.path.getmtime(lock) > TAKEOVER_STALE_S:
-                    os.remove(lock)
+                if _age_s(lock) > TAKEOVER_STALE_S:
+                    _remove(lock)
             return False
         try:
             current = read_lease(self.path)
             if current is None or current.get("owner") != stale.get("owner"):
                 return False
             self.record["heartbeat"] = time.time()
-            files.atomic_write(self.path, json.dumps(self.record))
+            _write(self.path, json.dumps(self.record))
         finally:
-            os.remove(lock)
+            _remove(lock)
         self.warn(
             f"WARNING: taking over the lease of {os.path.dirname(self.path) or '.'} from a "
             f"{describe_holder(stale)}: {why}"
@@ -183,7 +240,7 @@ class Lease:
             self._stop.set()
             return
         self.record["heartbeat"] = time.time()
-        files.atomic_write(self.path, json.dumps(self.record))
+        _write(self.path, json.dumps(self.record))
 
     def _beat(self) -> None:
         interval, failing = max(self.timeout_s / 10, 0.05), False
@@ -191,7 +248,8 @@ class Lease:
             try:
                 self.heartbeat()
                 failing = False
-            except OSError as e:  # a full disk: keep trying; a stale heartbeat is the risk
+            # A full disk, a store out of reach: keep trying; a stale heartbeat is the risk.
+            except (OSError, storage.StorageError) as e:
                 if not failing:  # once per streak of failures
                     self.warn(f"WARNING: cannot renew the lease {self.path}: {e}")
                 failing = True
@@ -208,8 +266,7 @@ class Lease:
             self._thread.join()
         current = read_lease(self.path)
         if current and current.get("owner") == self.record["owner"]:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(self.path)
+            _remove(self.path)
 
 
 @contextlib.contextmanager
@@ -217,13 +274,16 @@ def hold(directory: str, kind: str, timeout_s: float, warn: Callable[[str], None
     """Holds the lease of `directory` for the block (created if missing); see the module
     docstring. Raises UserError when `directory` is not a directory, LeaseHeld when a live
     job holds it."""
-    if os.path.exists(directory) and not os.path.isdir(directory):
+    if storage.is_remote(directory):
+        storage.check_bucket(directory)  # a prefix needs no creating
+    elif os.path.exists(directory) and not os.path.isdir(directory):
         raise UserError(f"{directory} is a file, not a directory")
-    try:
-        os.makedirs(directory, exist_ok=True)
-    except OSError as e:
-        raise UserError(f"cannot create the directory {directory}: {e.strerror}") from e
-    lease = Lease(os.path.join(directory, LEASE), kind, timeout_s, warn)
+    else:
+        try:
+            os.makedirs(directory, exist_ok=True)
+        except OSError as e:
+            raise UserError(f"cannot create the directory {directory}: {e.strerror}") from e
+    lease = Lease(storage.join(directory, LEASE), kind, timeout_s, warn)
     lease.acquire()
     try:
         yield lease
@@ -233,7 +293,7 @@ def hold(directory: str, kind: str, timeout_s: float, warn: Callable[[str], None
 
 def lease_state(directory: str) -> dict:
     """For `status`: {} when no lease exists, else {"holder": ..., "alive": bool, "why"}."""
-    held = read_lease(os.path.join(directory, LEASE))
+    held = read_lease(storage.join(directory, LEASE))
     if held is None:
         return {}
     alive, why = holder_state(held)

@@ -1,6 +1,7 @@
 """A finished run loaded back for inference: its resolved config (RUN/config.json), tokenizer
 and one checkpoint's parameters on a mesh. Evaluation, transcription, export and
-distillation load runs through here."""
+distillation load runs through here. A run on an object store is read from a pulled copy
+(runs/remote.py), its checkpoints from the store."""
 
 from __future__ import annotations
 
@@ -13,14 +14,14 @@ from ml_collections import ConfigDict
 
 from jaxspeech.config import build
 from jaxspeech.data.tokenizer import Tokenizer
-from jaxspeech.runs import assets
+from jaxspeech.runs import assets, remote
 from jaxspeech.runs import checkpoint as ckpt_lib
 
 
 # ---------------------------------------------------------------- a finished run
 def load_run_config(workdir: str) -> ConfigDict:
     """The resolved config a run was trained with (RUN/config.json)."""
-    path = os.path.join(workdir, "config.json")
+    path = os.path.join(remote.read_copy(workdir), "config.json")
     if not os.path.exists(path):
         raise FileNotFoundError(
             f"{path} not found: {workdir} is not a jaxspeech run directory "
@@ -61,7 +62,7 @@ def load_run(
       CheckpointError: no such step, another model's checkpoint, or a corrupt one.
     """
     config = config or load_run_config(workdir)
-    tokenizer_dir = os.path.join(workdir, assets.ASSETS, assets.TOKENIZER)
+    tokenizer_dir = os.path.join(remote.read_copy(workdir), assets.ASSETS, assets.TOKENIZER)
     tokenizer = Tokenizer.load(tokenizer_dir)
     if mesh is None:
         mesh = build.mesh_from_config(config)

@@ -3,7 +3,7 @@ started, running, dead, failed, preempted, stopped, finished, and what it last r
 
 from __future__ import annotations
 
-from jaxspeech.runs import events, lease
+from jaxspeech.runs import events, lease, remote
 
 # The events that start or end an invocation, mapped to the state they leave the run in.
 LIFECYCLE = {
@@ -24,7 +24,7 @@ def run_status(workdir: str) -> dict:
     so), with `why`. `committed` is the latest checkpoint the events log saw commit: where
     a restart resumes."""
     last, committed = None, None
-    for event in events.read_events(workdir):
+    for event in events.read_events(remote.read_copy(workdir)):
         if event.get("event") in LIFECYCLE:
             last = event
         elif event.get("event") == "checkpoint_committed":

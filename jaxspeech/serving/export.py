@@ -38,7 +38,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from jaxspeech import files, models
+from jaxspeech import files, models, storage
 from jaxspeech.config import build
 from jaxspeech.data import reader, records
 from jaxspeech.errors import UserError
@@ -367,7 +367,7 @@ def _manifest(
             "files": sorted(os.listdir(tokenizer_out)),
         },
         "run": {
-            "workdir": os.path.abspath(workdir),
+            "workdir": storage.absolute(workdir),
             "step": run.step,
             "params_fingerprint": ckpt_lib.fingerprint(run.params),
             "head": config.model.head,

@@ -33,7 +33,7 @@ from jaxspeech.metrics import perf
 from jaxspeech.metrics.writers import MetricWriter
 from jaxspeech.parallel import mesh as mesh_lib
 from jaxspeech.parallel import rules, sync
-from jaxspeech.runs import assets, events, faults
+from jaxspeech.runs import assets, events, faults, remote
 from jaxspeech.runs import checkpoint as ckpt_lib
 from jaxspeech.runs import lease as lease_lib
 from jaxspeech.runs.events import log
@@ -80,7 +80,8 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
                 # A failure while training ends the run's invocation; one refused at
                 # start-up (a config or data mistake) leaves the run's state as it was.
                 if trainer is not None:
-                    events.record_failure(workdir, e)
+                    events.record_failure(trainer.workdir, e)
+                    trainer.push(final=True)
                 raise
 
 
@@ -93,6 +94,10 @@ class Trainer:
 
     def __init__(self, config: ConfigDict, workdir: str, mesh, lease: lease_lib.Lease | None):
         # ---------------------------------------------------------- setup
+        # A run on an object store is written in a local working copy and pushed
+        # (runs/remote.py); its checkpoints are written to the store directly.
+        self.copy = remote.RunCopy(workdir)
+        workdir = self.copy.pull()
         self.config, self.workdir, self.mesh, self.lease = config, workdir, mesh, lease
         tr = config.train
         os.makedirs(workdir, exist_ok=True)  # the lease made it on process 0's file system
@@ -104,12 +109,14 @@ class Trainer:
             f"devices: {jax.device_count()} x {jax.devices()[0].device_kind}, "
             f"{jax.process_count()} process(es); mesh {dict(mesh.shape)}"
         )
-        self.tokenizer_dir, mean, std = assets.install_assets(config, workdir)
+        self.tokenizer_dir, mean, std = assets.install_assets(
+            config, workdir, every_process=self.copy.remote
+        )
         self.tokenizer = Tokenizer.load(self.tokenizer_dir)
         self.init_data()
         self.init_model(mean, std)
         self.ckpt = ckpt_lib.Checkpointer(
-            workdir,
+            self.copy.url,
             keep=tr.keep_checkpoints,
             keep_best=tr.keep_best,
             every_steps=tr.checkpoint_every,
@@ -130,6 +137,7 @@ class Trainer:
         )
         self.compiled: dict[tuple, tuple] = {}  # batch shape -> (executable, model FLOPs)
         self.init_monitoring()
+        self.push()  # the config and assets reach the store before any checkpoint
 
     def init_data(self) -> None:
         """The training loader (with a teacher's soft targets when config.distill names
@@ -506,6 +514,7 @@ class Trainer:
                     searcher=self.searcher,
                 )
             eval_lib.write_result(self.workdir, result, step)
+            self.push()
             self.writer.scalars(
                 step, {f"eval/{split}/wer": result["wer"], f"eval/{split}/cer": result["cer"]}
             )
@@ -519,6 +528,9 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints
     def save(self, done: int, why: str, eval_result: dict | None) -> None:
         """Start an asynchronous save of everything a resume needs."""
+        # On an object store: the logs up to this step are there before the checkpoint
+        # can commit, so a kill after the commit loses none (a resume logs only later steps).
+        self.push()
         t0 = time.time()
         with self.goodput.phase("checkpoint"):
             train = self.setup.train_item(self.state, self.rng)
@@ -538,8 +550,23 @@ class Trainer:
         self.events.write("checkpoint_saved", step=done, reason=why)
 
     def note_committed(self) -> None:
-        for step in self.ckpt.committed():
+        committed = self.ckpt.committed()
+        for step in committed:
             self.events.write("checkpoint_committed", step=step)
+        if committed:
+            self.push()
+        elif self.copy.remote:
+            self.copy.push_due()
+
+    def push(self, final: bool = False) -> None:
+        """Uploads the run's changed files when it lives on an object store. `final`: the
+        job is ending with an error of its own, which a failed upload must not hide."""
+        try:
+            self.copy.push()
+        except Exception as e:
+            if not final:
+                raise
+            log(f"WARNING: could not upload the run's last files to {self.copy.url}: {e}")
 
     def stop_preempted(self, done: int) -> dict:
         with self.goodput.phase("checkpoint"):
@@ -561,6 +588,7 @@ class Trainer:
         self.ckpt.close()
         self.note_committed()
         self.events.close()
+        self.push()
 
 
 def describe_strategy(setup: state_lib.TrainSetup) -> str:

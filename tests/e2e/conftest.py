@@ -1,13 +1,19 @@
 """Shared by the end-to-end tests: one tiny synthetic corpus and one finished tiny run per
 test session, built once for all pytest-xdist workers."""
 
+import os
 import shutil
 from pathlib import Path
 
 import pytest
+import s3fs
 
+from benchmarks.lib.store_servers import s3_env, s3_server
+from jaxspeech import storage
 from tests.e2e.cli import run_module, train_args
 from tests.sharing import built_once
+
+BUCKET = "jaxspeech-data"  # the S3 server's bucket (the `store` fixture)
 
 
 @pytest.fixture(scope="session")
@@ -62,3 +68,28 @@ def tiny_run_copy(tiny_run, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(tiny_run[0], run)
     return run
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """A real S3 server on 127.0.0.1 (moto's, benchmarks/lib/store_servers.py) for one test
+    module: (s3://BUCKET, the environment of a job that uses it); the variables are set in
+    this process too while the module's tests run."""
+    cache = tmp_path_factory.mktemp("store-cache")
+    with s3_server() as endpoint:
+        env = s3_env(endpoint, str(cache))
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            # fsspec reuses one client per set of options, which would still be talking to
+            # an earlier module's server (the endpoint comes from the environment).
+            s3fs.S3FileSystem.clear_instance_cache()
+            fs, _ = storage.filesystem(f"s3://{BUCKET}")
+            fs.mkdir(BUCKET)
+            yield f"s3://{BUCKET}", env
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v

@@ -5,7 +5,13 @@ outermost axis after replica) with FSDP and tensor parallelism inside the stages
 the activations cross processes between the stages (tests/parallel/test_pipeline.py
 checks the pipelined step against the unpipelined one on one process). Resuming a
 2-process checkpoint (both processes' data iterators, a sync strategy's state) is
-tests/e2e/test_faults.py's SIGTERM test; the run here saves at its end."""
+tests/e2e/test_faults.py's SIGTERM test; the run here saves at its end.
+
+The 2-process run's directory is on an S3 server (tests/e2e/conftest.py `store`): each
+process writes its checkpoint shards there through Orbax and works in its own local copy
+of the run's other files (runs/remote.py), as on hosts without a shared file system; the
+single-process run's is local. Local multi-host run directories are tested by
+tests/e2e/test_faults.py."""
 
 import json
 import os
@@ -14,8 +20,9 @@ import jax
 import numpy as np
 import pytest
 
+from jaxspeech import storage
 from jaxspeech.parallel import mesh as mesh_lib
-from jaxspeech.runs import loading
+from jaxspeech.runs import loading, remote
 from tests.e2e.cli import cpu_env, run_module, tiny_train_args
 
 pytestmark = pytest.mark.slow
@@ -47,7 +54,8 @@ def _train_args(workdir, shards, *extra):
 
 
 def _losses(workdir) -> dict[int, float]:
-    rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
+    local = remote.read_copy(str(workdir))  # a run on the store: a pulled copy
+    rows = [json.loads(line) for line in open(os.path.join(local, "metrics.jsonl"))]
     return {r["step"]: r["train/loss"] for r in rows}
 
 
@@ -56,14 +64,14 @@ def _params(workdir):
     return jax.tree.map(np.asarray, loading.load_run(str(workdir), mesh=mesh).params)
 
 
-def test_two_processes_match_one_process(corpus, tmp_path):
+def test_two_processes_match_one_process(corpus, store, tmp_path):
     _, shards = corpus
-    single, multi = tmp_path / "single", tmp_path / "multi"
+    single, multi = tmp_path / "single", storage.join(store[0], "runs", "multi")
     one = run_module("jaxspeech.train", *_train_args(single, shards), env=cpu_env(8))
     assert "8 x cpu, 1 process(es)" in one.stdout
 
     launch = ["jaxspeech.launch_local", "--num_processes=2", "--devices_per_process=4", "--"]
-    two = run_module(*launch, *_train_args(multi, shards))
+    two = run_module(*launch, *_train_args(multi, shards), env=cpu_env() | store[1])
     assert "[p0] devices: 8 x cpu, 2 process(es)" in two.stdout
     assert "[p1] jax.distributed: process 1 of 2" in two.stdout
     assert "[p0] " in two.stdout and "100% 6/6" in two.stdout
@@ -83,3 +91,8 @@ def test_two_processes_match_one_process(corpus, tmp_path):
         int(np.sum(np.abs(x - y) > 2e-4)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))
     )
     assert far < 0.01 * sum(x.size for x in jax.tree.leaves(a)), far
+    # Both processes' shards and the commit are on the store; no lease is left.
+    names = storage.list_files(multi)
+    assert f"checkpoints/{STEPS}/commit_success.txt" in names and "lease.json" not in names
+    shards_written = {n.split("/")[3] for n in names if "/ocdbt.process_" in n}
+    assert shards_written == {"ocdbt.process_0", "ocdbt.process_1"}, shards_written

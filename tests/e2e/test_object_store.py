@@ -12,44 +12,30 @@ fetched again; transient errors are retried, others are not.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
 
-from benchmarks.lib.store_servers import gcs_env, gcs_server, s3_env, s3_server
+from benchmarks.lib.store_servers import gcs_env, gcs_server
 from data_prep import prepare as prep
 from data_prep.readers.common import PrepareError
 from jaxspeech import storage
 from jaxspeech.data import reader as reader_lib
 from jaxspeech.data import records
+from jaxspeech.runs import checkpoint as ckpt_lib
+from jaxspeech.runs import lease as lease_lib
+from jaxspeech.runs import remote
 from tests.distill.test_targets import SPLIT, data, job_args, reference  # noqa: F401  (fixtures)
-from tests.e2e.cli import cpu_env, run_module, train_args
+from tests.e2e.cli import ROOT, cpu_env, run_module, train_args
+from tests.test_launch_local import LineReader
 
 pytestmark = pytest.mark.slow
-BUCKET = "jaxspeech-data"
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    """(s3://BUCKET, the environment of a job that uses it); the variables are set in
-    this process too while the module's tests run."""
-    cache = tmp_path_factory.mktemp("store-cache")
-    with s3_server() as endpoint:
-        env = s3_env(endpoint, str(cache))
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
-            fs, _ = storage.filesystem(f"s3://{BUCKET}")
-            fs.mkdir(BUCKET)
-            yield f"s3://{BUCKET}", env
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
 
 
 def _prepare(raw, output, split, *extra) -> dict:
@@ -92,27 +78,83 @@ def test_prepared_shards_on_s3_are_the_local_ones(corpus, remote_corpus):
             assert blob == (shards / split / name).read_bytes(), (split, name)
 
 
-def test_training_on_s3_data_equals_training_on_the_local_copy(
-    remote_corpus, store, tiny_run, tmp_path
-):
-    """The session's tiny run (tests/e2e/conftest.py) again, its data read from S3."""
+def _rows(lines) -> dict[int, dict]:
+    """metrics.jsonl by step, the last row of a step (a resumed run logs steps again),
+    without timings: what was learned and scored, not how fast."""
+    timing = ("per_s", "perf/", "seconds", "_ms")
+    out = {}
+    for line in lines:
+        row = json.loads(line)
+        out[row["step"]] = {k: v for k, v in row.items() if not any(t in k for t in timing)}
+    return out
+
+
+def _killed_when_committed(args, env, url: str, step: int) -> None:
+    """Starts `jaxspeech.train ARGS`; SIGKILLs it as soon as checkpoint `step` is committed
+    on the store (its commit file exists)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jaxspeech.train", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    reader = LineReader(proc)
+    commit = storage.join(url, "checkpoints", str(step), "commit_success.txt")
+    try:
+        deadline = time.monotonic() + 300
+        while not storage.exists(commit):
+            assert proc.poll() is None and time.monotonic() < deadline, reader.text()
+            time.sleep(0.05)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_train_kill_resume_evaluate_with_data_and_run_on_s3(remote_corpus, store, tiny_run):
+    """The session's tiny run (tests/e2e/conftest.py) again with its data and its run
+    directory on S3, SIGKILLed once checkpoint 4 is committed there and resumed: the same
+    losses and dev/test WER. Then evaluate and status on the store run."""
     url, _ = remote_corpus
-    run = tmp_path / "run"
+    run = storage.join(store[0], "runs", "tiny")
+    env = cpu_env() | store[1]
     args = train_args(run, url, "--config.data.eval_split=dev,test")
-    out = run_module("jaxspeech.train", *args, env=cpu_env() | store[1]).stdout
-
-    def rows(workdir):  # what was learned and scored, not how fast
-        timing = ("per_s", "perf/", "seconds", "_ms")
-        return [
-            {k: v for k, v in json.loads(line).items() if not any(t in k for t in timing)}
-            for line in open(os.path.join(workdir, "metrics.jsonl"))
-        ]
-
-    got, want = rows(run), rows(tiny_run[0])
-    assert got == want and any("eval/test/wer" in r for r in got)
-    # The printed scores too, but their time taken.
+    _killed_when_committed(args, env, run, 4)
+    out = run_module("jaxspeech.train", *args, env=env).stdout
+    assert "taking over the lease" in out and "no longer exists" in out  # the killed holder
+    fs, path = storage.filesystem(run)
+    log = b"".join(
+        fs.cat_file(f"{path}/{name}")
+        for name in sorted(storage.list_files(run))
+        if name.startswith("events.jsonl.parts/")
+    )
+    resumed = [json.loads(ln) for ln in log.splitlines() if b'"resumed"' in ln]
+    assert [e["step"] for e in resumed] in ([4], [8]), resumed
+    metrics = b"".join(
+        fs.cat_file(f"{path}/{name}")
+        for name in sorted(storage.list_files(run))
+        if name.startswith("metrics.jsonl.parts/")
+    )
+    got = _rows(metrics.decode().splitlines())
+    want = _rows(open(os.path.join(tiny_run[0], "metrics.jsonl")))
+    assert got == want and any("eval/test/wer" in r for r in got.values())
     wer = [re.sub(r", [\d.]+s\)$", "", ln) for ln in out.splitlines() if ln.startswith("eval")]
     assert len(wer) == 2 and all(line in tiny_run[1] for line in wer), (wer, tiny_run[1])
+    # The store holds no lease (released), the committed checkpoints and no local paths.
+    names = storage.list_files(run)
+    assert "lease.json" not in names and "checkpoints/8/commit_success.txt" in names
+    assert "config.json" in names and "assets/stats.json" in names
+
+    # evaluate reads the store run (checkpoint from the store) and adds its results there.
+    ev = run_module("jaxspeech.evaluate", "--workdir", run, "--split=test", env=env).stdout
+    result = json.loads(ev.splitlines()[0])
+    assert [result["wer"], result["cer"]] == [got[8]["eval/test/wer"], got[8]["eval/test/cer"]]
+    assert any(
+        n.startswith("eval/test-step8") and n.endswith(".json") for n in storage.list_files(run)
+    )
+    st = run_module("jaxspeech.status", run, env=env, check=False)
+    assert st.returncode == 0 and st.stdout.startswith("state=finished step=8"), st.stdout
 
 
 def _corrupt_copy(shards, url: str) -> str:
@@ -290,3 +332,120 @@ def _where_from(report: dict, location) -> dict:
     for shard in report.get("shards", []):
         shard.pop("seconds", None)
     return report
+
+
+def test_one_job_per_run_directory_on_s3(store):
+    """The run's lease lives on the store: a second job is refused while the first holds
+    it, a stale lease (a host that stopped beating) is taken over with a warning, and a
+    missing bucket is one line."""
+    run = storage.join(store[0], "runs", "leased")
+    with lease_lib.hold(run, "train", 60):
+        with pytest.raises(lease_lib.LeaseHeld, match=r"is in use by a train job pid \d+ on"):
+            with lease_lib.hold(run, "eval", 60):
+                pass
+        assert lease_lib.lease_state(run)["alive"]
+    assert lease_lib.lease_state(run) == {}  # released
+    fs, path = storage.filesystem(run)
+    stale = {
+        "owner": "x",
+        "kind": "train",
+        "host": "gone",
+        "pid": 1,
+        "heartbeat": 0,
+        "timeout_s": 5,
+    }
+    fs.pipe_file(f"{path}/lease.json", json.dumps(stale).encode())
+    warned = []
+    with lease_lib.hold(run, "train", 60, warn=warned.append):
+        assert lease_lib.lease_state(run)["alive"]
+    assert len(warned) == 1 and "taking over the lease" in warned[0], warned
+    with pytest.raises(storage.StorageError, match="no bucket 'nope' on this endpoint"):
+        with lease_lib.hold("s3://nope/run", "train", 60):
+            pass
+
+
+def test_run_directory_layer_on_gcs(tmp_path, monkeypatch):
+    """The run-directory layer on the GCS emulator, in process: checkpoints through
+    Orbax's own GCS kvstore (a corrupt latest step falls back to the one before and is
+    set aside on the store) and a working copy pushed and pulled back."""
+    from tests.test_checkpoint import (
+        _assert_bitwise,
+        _host,
+        _iterator,
+        _save_small,
+        _small,
+        _small_abstract,
+    )
+
+    with gcs_server() as endpoint:
+        for k, v in gcs_env(endpoint, str(tmp_path / "cache")).items():
+            monkeypatch.setenv(k, v)
+        monkeypatch.delenv("TENSORSTORE_GCS_HTTP_URL", raising=False)
+        fs, _ = storage.filesystem("gs://runs-gcs")
+        fs.mkdir("runs-gcs")
+        run = "gs://runs-gcs/tiny"
+        ckpt = ckpt_lib.Checkpointer(run, async_save=False)
+        _save_small(ckpt, 2, 2.0)
+        _save_small(ckpt, 4, 4.0)
+        assert ckpt.all_steps() == [2, 4] and ckpt.finalized(4)
+        data = [n for n in storage.list_files(run) if n.startswith("checkpoints/4/model/")]
+        for name in data:
+            if "/d/" in name:
+                fs.pipe_file(f"runs-gcs/tiny/{name}", b"junk")
+        warnings = []
+        step, out = ckpt.restore_latest(
+            warn=lambda s, m: warnings.append(m),
+            abstract_model=_small_abstract(),
+            data_iter=_iterator(),
+        )
+        assert step == 2 and len(warnings) == 1 and "checkpoint 4 is corrupt" in warnings[0]
+        _assert_bitwise(out["model"], _host(_small(2.0)))
+        names = storage.list_files(run)
+        assert any(n.startswith(f"{ckpt_lib.CORRUPT_DIR}/4-") for n in names)
+        assert not any(n.startswith("checkpoints/4/") for n in names)
+        ckpt.close()
+
+        # The lease is not tried here: the emulator ignores preconditions (ifGenerationMatch=0
+        # creates over an existing object); gcsfs turns GCS's 412 into the FileExistsError
+        # that runs/lease.py takes for "held", as s3fs does, tested on the S3 server.
+
+        copy = remote.RunCopy(run, str(tmp_path / "copy"))
+        copy.pull()
+        events_log = os.path.join(copy.local, "events.jsonl")
+        with open(events_log, "w") as f:
+            f.write('{"event": "started"}\n{"event": "resu')  # a line being written
+        with open(os.path.join(copy.local, "config.json"), "w") as f:
+            f.write("{}")
+        assert copy.push() == 2
+        with open(events_log, "a") as f:
+            f.write('med"}\n')
+        assert copy.push() == 1 and copy.push() == 0
+        parts = sorted(n for n in storage.list_files(run) if n.startswith("events.jsonl.parts/"))
+        assert parts == [f"events.jsonl.parts/{0:016d}", f"events.jsonl.parts/{21:016d}"]
+        again = remote.RunCopy(run, str(tmp_path / "again"))
+        again.pull()
+        assert open(os.path.join(again.local, "events.jsonl")).read() == open(events_log).read()
+        assert open(os.path.join(again.local, "config.json")).read() == "{}"
+
+
+def test_a_language_model_on_s3_is_read_through_the_cache(store, tmp_path):
+    """decoding.lm_path may be a URL: KenLM opens a cached copy, fetched again when the
+    object changes; a missing object is one line."""
+    from jaxspeech.decoding.lm import NgramLM
+    from tests.decoding.test_lm_fusion import ARPA
+
+    url = storage.join(store[0], "lm", "words.arpa")
+    fs, path = storage.filesystem(url)
+    fs.pipe_file(path, ARPA.encode())
+    lm = NgramLM(url)
+    local = lm.path
+    assert open(local).read() == ARPA and local.startswith(storage.cache_root())
+    logp, _ = lm.score(lm.begin(), "ab")
+    assert logp == pytest.approx(-0.1 * math.log(10), rel=1e-6)  # the file's <s> ab
+    fs.pipe_file(path, ARPA.replace("-0.1\t<s> ab", "-0.4\t<s> ab").encode())  # replaced
+    lm = NgramLM(url)
+    assert lm.path == local and lm.score(lm.begin(), "ab")[0] == pytest.approx(
+        -0.4 * math.log(10), rel=1e-6
+    )
+    with pytest.raises(storage.StorageError, match="lm/none.arpa: no such object"):
+        NgramLM(storage.join(store[0], "lm", "none.arpa"))

@@ -1,0 +1,329 @@
+"""Run directories on object stores: ``--workdir s3://BUCKET/RUN`` or ``gs://BUCKET/RUN``.
+
+Checkpoints are written to the store by Orbax itself, every process its own shards as on
+a shared file system, and committed by Orbax's commit-file protocol: object stores have
+no rename, so a step counts once its ``commit_success.txt`` exists (runs/checkpoint.py
+selects it for store URLs). Orbax 0.12 builds tensorstore's ``gcs`` kvstore for ``gs://``
+but no ``s3`` one: :func:`install_orbax_s3` adds it.
+
+Every other file of a run is written by the same code as for a local run, into a local
+working copy (``$JAXSPEECH_CACHE/runs/...``), and pushed to the store as whole objects:
+
+- append-only logs (events, metrics, data faults, batch ids: ``APPEND_LOGS``): the complete
+  lines appended since the last push, as a new object ``NAME.parts/<offset>`` (the byte
+  offset in the log, 16 digits). A push never rewrites an object an earlier push wrote; a
+  reader concatenates the parts in offset order, stopping at a gap.
+- every other file (config.json, assets/, evaluation results, TensorBoard, diagnostics):
+  one whole-object PUT when its size or modification time changed. A PUT is atomic: a
+  reader sees the old object or the new one.
+- not pushed: the lease (kept on the store itself: runs/lease.py), the compile cache
+  (per host), the checkpoints (on the store already) and temporaries.
+
+A training job pushes after each checkpoint commit and evaluation, at most every
+``PUSH_EVERY_S`` between, and when it ends (finished, failed or preempted). A restart
+pulls the store's copy over its local one: the store holds the run, and what a killed job
+appended after its last push is lost, like what a killed process had not yet flushed.
+Readers (evaluate, export, transcribe, status, distillation) pull into a private
+temporary copy, removed when they exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import tempfile
+import time
+
+from jaxspeech import storage
+from jaxspeech.files import TEMP_MARK
+
+PARTS = ".parts"
+PUSH_EVERY_S = 30.0
+NOT_PUSHED_DIRS = ("checkpoints", "checkpoints_corrupt", "compile_cache")
+NOT_PUSHED_FILES = ("lease.json", "lease.json.takeover")
+
+
+def _pushed(name: str) -> bool:
+    """Whether the relative path ``name`` of a run's file belongs on the store."""
+    parts = name.split("/")
+    return (
+        parts[0] not in NOT_PUSHED_DIRS
+        and name not in NOT_PUSHED_FILES
+        and TEMP_MARK not in parts[-1]
+        and not any(p.endswith(PARTS) for p in parts[:-1])
+    )
+
+
+# The run's append-only logs (runs/events.py, runs/faults.py, metrics/writers.py); other
+# .jsonl files (an evaluation's per-utterance rows) are written whole.
+APPEND_LOGS = ("events.jsonl", "metrics.jsonl", "eval/watch_metrics.jsonl")
+APPEND_LOG_DIRS = ("data_faults", "batch_ids")
+
+
+def _is_log(name: str) -> bool:
+    return name in APPEND_LOGS or (
+        name.endswith(".jsonl") and name.count("/") == 1 and name.split("/")[0] in APPEND_LOG_DIRS
+    )
+
+
+def _local_files(root: str) -> list[str]:
+    """Relative '/'-joined paths of the files under ``root`` that belong on the store."""
+    out = []
+    for d, _, names in os.walk(root):
+        for f in names:
+            rel = os.path.relpath(os.path.join(d, f), root).replace(os.sep, "/")
+            if _pushed(rel):
+                out.append(rel)
+    return sorted(out)
+
+
+def _stat(path: str) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_size, st.st_mtime_ns
+
+
+class RunCopy:
+    """A run directory's local working copy: ``local`` is where the run's files are read
+    and written; for a local run it is the run directory itself and pull/push do nothing.
+    """
+
+    def __init__(self, workdir: str, local: str | None = None):
+        self.url = storage.absolute(workdir)
+        self.remote = storage.is_remote(workdir)
+        self.local = (local or _cache_dir(self.url)) if self.remote else self.url
+        self._state: dict[str, object] = {}  # name -> pushed log offset, or (size, mtime)
+        self._last_push = 0.0
+
+    # ------------------------------------------------------------ pull
+    def pull(self) -> str:
+        """Makes the local copy the store's (files the store lacks are removed, the compile
+        cache kept); returns ``local``."""
+        if not self.remote:
+            return self.local
+        storage.check_bucket(self.url)
+        listing = storage.list_files(self.url) if storage.exists(self.url) else {}
+        plain, logs = {}, {}
+        for name in listing:
+            head, sep, tail = name.rpartition(PARTS + "/")
+            if sep and tail.isdigit() and _pushed(head):
+                logs.setdefault(head, []).append(int(tail))
+            elif _pushed(name):
+                plain[name] = listing[name]
+        os.makedirs(self.local, exist_ok=True)
+        for name in _local_files(self.local):
+            if name not in plain and name not in logs:
+                os.remove(os.path.join(self.local, *name.split("/")))
+        _remove_empty_dirs(self.local)  # a directory's presence means something (assets/)
+        fs, base = storage.filesystem(self.url)
+        for name in plain:
+            self._download(fs, f"{base.rstrip('/')}/{name}", name)
+        for name, offsets in logs.items():
+            self._join_parts(fs, base, name, sorted(offsets))
+        self._state = {
+            n: os.path.getsize(self._path(n)) if _is_log(n) else _stat(self._path(n))
+            for n in _local_files(self.local)
+        }
+        self._last_push = time.time()
+        return self.local
+
+    def _path(self, name: str) -> str:
+        return os.path.join(self.local, *name.split("/"))
+
+    def _download(self, fs, source: str, name: str) -> None:
+        target = self._path(name)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        data = storage.retrying(storage.join(self.url, name), lambda: fs.cat_file(source))
+        _write(target, data)
+
+    def _join_parts(self, fs, base: str, name: str, offsets: list[int]) -> None:
+        """NAME rebuilt from its parts, in order, up to the first gap or overlap (a part
+        written by a job that had not seen the ones before it: never by this module)."""
+        chunks, at = [], 0
+        for offset in offsets:
+            if offset != at:
+                print(
+                    f"WARNING: {storage.join(self.url, name)}: part at byte {offset} where "
+                    f"{at} was expected; the log is read up to byte {at}",
+                    flush=True,
+                )
+                break
+            key = f"{base.rstrip('/')}/{name}{PARTS}/{offset:016d}"
+            part = storage.retrying(storage.join(self.url, name), lambda k=key: fs.cat_file(k))
+            chunks.append(part)
+            at += len(part)
+        target = self._path(name)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        _write(target, b"".join(chunks))
+
+    # ------------------------------------------------------------ push
+    def push(self) -> int:
+        """Uploads what changed since the last pull or push; returns the objects written."""
+        if not self.remote:
+            return 0
+        fs, base = storage.filesystem(self.url)
+        written = 0
+        for name in _local_files(self.local):
+            path = self._path(name)
+            if _is_log(name):
+                written += self._push_log(fs, base, name, path)
+                continue
+            try:
+                st = _stat(path)
+            except FileNotFoundError:  # replaced meanwhile: the next push sends it
+                continue
+            if self._state.get(name) == st:
+                continue
+            with open(path, "rb") as f:
+                data = f.read()
+            key = f"{base.rstrip('/')}/{name}"
+            storage.retrying(storage.join(self.url, name), lambda k=key, d=data: fs.pipe_file(k, d))
+            self._state[name] = st
+            written += 1
+        self._last_push = time.time()
+        return written
+
+    def _push_log(self, fs, base: str, name: str, path: str) -> int:
+        start = int(self._state.get(name, 0))
+        with open(path, "rb") as f:
+            f.seek(start)
+            new = f.read()
+        new = new[: new.rfind(b"\n") + 1]  # complete lines only: the rest comes next time
+        if not new:
+            return 0
+        key = f"{base.rstrip('/')}/{name}{PARTS}/{start:016d}"
+        storage.retrying(storage.join(self.url, name), lambda: fs.pipe_file(key, new))
+        self._state[name] = start + len(new)
+        return 1
+
+    def push_due(self) -> int:
+        """``push()`` when PUSH_EVERY_S passed since the last one."""
+        if self.remote and time.time() - self._last_push >= PUSH_EVERY_S:
+            return self.push()
+        return 0
+
+
+def _remove_empty_dirs(root: str) -> None:
+    for d, _, names in os.walk(root, topdown=False):
+        rel = os.path.relpath(d, root).replace(os.sep, "/")
+        if d != root and not names and not os.listdir(d) and _pushed(rel + "/x"):
+            os.rmdir(d)
+
+
+def _write(path: str, data: bytes) -> None:
+    tmp = f"{path}{TEMP_MARK}pull"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def _cache_dir(url: str) -> str:
+    """A training job's working copy: one per run and process (two processes of one job
+    on one host must not share it)."""
+    import jax
+
+    scheme, rest = url.split("://", 1)
+    return os.path.join(
+        storage.cache_root(), "runs", f"p{jax.process_index()}", scheme, *rest.strip("/").split("/")
+    )
+
+
+def for_reading(workdir: str) -> RunCopy:
+    """A pulled copy of a run for a command that reads it (and may add its own results,
+    then ``push()``): a private temporary directory for a store URL, removed at exit,
+    so a reader never touches a training job's working copy. A local run as it is."""
+    if not storage.is_remote(workdir):
+        return RunCopy(workdir)
+    root = os.path.join(storage.cache_root(), "runs", "read")
+    os.makedirs(root, exist_ok=True)
+    local = tempfile.mkdtemp(dir=root)
+    atexit.register(shutil.rmtree, local, True)
+    copy = RunCopy(workdir, local)
+    copy.pull()
+    return copy
+
+
+_READ: dict[str, RunCopy] = {}
+
+
+def reader(workdir: str) -> RunCopy:
+    """The copy of ``workdir`` this process reads (and adds results to): pulled once per
+    process (:func:`for_reading`); a local run as it is."""
+    if workdir not in _READ:
+        _READ[workdir] = for_reading(workdir)
+    return _READ[workdir]
+
+
+def read_copy(workdir: str) -> str:
+    """The local directory of ``workdir``'s files (:func:`reader`)."""
+    return workdir if not storage.is_remote(workdir) else reader(workdir).local
+
+
+# ---------------------------------------------------------------- Orbax on S3 and GCS
+def configure_gcs() -> None:
+    """Points tensorstore's GCS driver (Orbax's, for ``gs://``) at the emulator that
+    fsspec uses when ``STORAGE_EMULATOR_HOST`` is set (tensorstore reads its own
+    variable, ``TENSORSTORE_GCS_HTTP_URL``)."""
+    emulator = os.environ.get("STORAGE_EMULATOR_HOST")
+    if emulator:
+        os.environ.setdefault("TENSORSTORE_GCS_HTTP_URL", emulator)
+
+
+_SENTINEL = "/__jaxspeech_s3__/"
+
+
+def s3_kvstore(bucket: str, key: str) -> dict:
+    """tensorstore's s3 kvstore spec for ``s3://bucket/key`` with the AWS settings of the
+    environment (an S3-compatible server's endpoint, the region); the credentials are
+    read by tensorstore from the usual variables or profile."""
+    spec = {"driver": "s3", "bucket": bucket, "path": key}
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        spec["endpoint"] = endpoint
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if region:
+        spec["aws_region"] = region
+    if os.environ.get("AWS_ACCESS_KEY_ID"):
+        # Without this tensorstore also looks for ~/.aws files and logs their absence.
+        spec["aws_credentials"] = {"type": "environment"}
+    return spec
+
+
+def _to_s3(spec):
+    """``spec`` with each ``file`` kvstore under the sentinel root made an ``s3`` one."""
+    if isinstance(spec, dict):
+        path = str(spec.get("path", ""))
+        if spec.get("driver") == "file" and path.startswith(_SENTINEL):
+            bucket, _, key = path[len(_SENTINEL) :].partition("/")
+            return s3_kvstore(bucket, key)
+        return {k: _to_s3(v) for k, v in spec.items()}
+    if isinstance(spec, list):
+        return [_to_s3(v) for v in spec]
+    return spec
+
+
+def install_orbax_s3() -> None:
+    """Lets Orbax write and read arrays under ``s3://`` URLs (idempotent).
+
+    Orbax 0.12's ``build_kvstore_tspec`` knows the ``file`` and ``gcs`` kvstores only (an
+    ``s3://`` directory fails as "not absolute"). The wrapper builds the spec Orbax would
+    build for the same key under a local sentinel root, with its OCDBT layout and write
+    options intact, and swaps the ``file`` driver for tensorstore's ``s3`` one. Every
+    other file Orbax writes (metadata, commit markers) goes through etils' epath, which
+    reads ``s3://`` with fsspec. Pinned by pyproject (orbax-checkpoint <0.13) and tested
+    against an S3 server in tests/e2e/test_object_store.py.
+    """
+    from orbax.checkpoint._src.serialization import tensorstore_utils as tsu
+
+    if getattr(tsu.build_kvstore_tspec, "jaxspeech_s3", False):
+        return
+    original = tsu.build_kvstore_tspec
+
+    def build_kvstore_tspec(directory, *args, **kwargs):
+        directory = str(directory)
+        if not directory.startswith("s3://"):
+            return original(directory, *args, **kwargs)
+        return _to_s3(original(_SENTINEL + directory[len("s3://") :], *args, **kwargs))
+
+    build_kvstore_tspec.jaxspeech_s3 = True
+    tsu.build_kvstore_tspec = build_kvstore_tspec
