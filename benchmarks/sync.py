@@ -103,6 +103,11 @@ STRATEGIES = {
             "nesterov": False,
         },
     ),
+    # BMUF after 200 steps of averaging every step (sync.block_dense_steps), as gtc_warm.
+    "bmuf_warm": (
+        (1, 4, 1, 1),
+        {"strategy": "bmuf", "block_steps": BLOCK_STEPS, "block_dense_steps": 200},
+    ),
     "gtc_warm": (
         (1, 4, 1, 1),
         {

@@ -413,6 +413,10 @@ def _sync(c: ConfigDict) -> None:
     # N x 1.75 and kept the demo on its blank plateau.
     c.sync.block_gain = s["block_gain"]
     c.sync.nesterov = s["nesterov"]  # bmuf: learners restart from W_g + eta * momentum
+    # bmuf: the first steps average the learners' models every step (no block momentum;
+    # an all-reduce's bytes), then blocks: as gtc_dense_steps, the block lag costs most
+    # before the model leaves the blank plateau.
+    c.sync.block_dense_steps = s["block_dense_steps"]
     c.sync.gtc_tau = s["gtc_tau"]  # gtc: fixed threshold; used when gtc_density = 0
     # gtc: adaptive threshold sending this share of each shard's elements per step
     c.sync.gtc_density = s["gtc_density"]

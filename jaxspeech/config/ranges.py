@@ -131,6 +131,7 @@ RANGES: dict[str, str] = {
     "sync.block_momentum": "-1 or in [0, 1)",
     "sync.block_lr": "-1 or > 0",
     "sync.block_gain": "> 0",
+    "sync.block_dense_steps": ">= 0",
     "sync.gtc_tau": ">= 0",
     "sync.gtc_density": "in [0, 1]",
     "sync.gtc_capacity": "in (0, 1]",

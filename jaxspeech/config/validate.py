@@ -407,7 +407,8 @@ def _sync_keys(c: ConfigDict) -> list[str]:
     s = c.sync
     method = s.outer if s.strategy == "hierarchical" else s.strategy
     if method == "bmuf":
-        return ["sync.block_steps", "sync.block_momentum", "sync.block_lr", "sync.block_gain"]
+        keys = ["sync.block_steps", "sync.block_momentum", "sync.block_lr", "sync.block_gain"]
+        return keys + ["sync.block_dense_steps"]
     if method == "gtc":
         return ["sync.gtc_tau", "sync.gtc_density", "sync.gtc_capacity", "sync.gtc_dense_steps"]
     return []

@@ -76,7 +76,7 @@ class Strategy:
     density: float = 0.0
     capacity: float = 1.0
     values: str = "float"
-    dense_steps: int = 0  # gtc: steps that exchange the dense mean update first
+    dense_steps: int = 0  # gtc, bmuf: steps that exchange the dense mean update first
     overlap: bool = False
 
     @property
@@ -103,6 +103,7 @@ def default_sync_config() -> dict:
         "block_lr": -1.0,
         "block_gain": 1.0,
         "nesterov": True,
+        "block_dense_steps": 0,
         "gtc_tau": 0.0,
         "gtc_density": 0.002,
         "gtc_capacity": 0.004,
@@ -195,9 +196,22 @@ def _bmuf_strategy(cfg: dict, common: dict) -> Strategy:
         raise SyncConfigError(
             f"sync.block_lr must be > 0 (or -1: from block_gain), got {cfg['block_lr']}"
         )
+    dense = _dense_steps(cfg, "block_dense_steps")
     return Strategy(
-        **common, block_steps=k, block_momentum=eta, block_lr=float(zeta), nesterov=nesterov
+        **common,
+        block_steps=k,
+        block_momentum=eta,
+        block_lr=float(zeta),
+        nesterov=nesterov,
+        dense_steps=dense,
     )
+
+
+def _dense_steps(cfg: dict, key: str) -> int:
+    dense = cfg[key]
+    if isinstance(dense, bool) or not isinstance(dense, int) or dense < 0:
+        raise SyncConfigError(f"sync.{key} must be an integer >= 0, got {dense!r}")
+    return dense
 
 
 def _gtc_strategy(cfg: dict, common: dict) -> Strategy:
@@ -220,9 +234,7 @@ def _gtc_strategy(cfg: dict, common: dict) -> Strategy:
             "sync.gtc_values=sign sends +-tau: set sync.gtc_tau > 0 or sync.gtc_density > 0 "
             "(adaptive tau), or use gtc_values=float"
         )
-    dense = cfg["gtc_dense_steps"]
-    if isinstance(dense, bool) or not isinstance(dense, int) or dense < 0:
-        raise SyncConfigError(f"sync.gtc_dense_steps must be an integer >= 0, got {dense!r}")
+    dense = _dense_steps(cfg, "gtc_dense_steps")
     return Strategy(
         **common, tau=tau, density=density, capacity=float(cap), values=values, dense_steps=dense
     )
@@ -582,7 +594,8 @@ def describe(s: Strategy, payload: dict) -> str:
     what = {
         "bmuf": f"block {s.block_steps}, eta {s.block_momentum:.4g}, zeta {s.block_lr:.4g}"
         + (", Nesterov" if s.nesterov else "")
-        + f" (gain {bmuf_gain(s.block_momentum, s.block_lr, s.nesterov):.3g})",
+        + f" (gain {bmuf_gain(s.block_momentum, s.block_lr, s.nesterov):.3g})"
+        + (f", averaged every step for the first {s.dense_steps}" if s.dense_steps else ""),
         "gossip": "ring" + (", overlapped (neighbours one step old)" if s.overlap else ""),
         "gtc": (f"density {s.density:g}" if s.density > 0 else f"tau {s.tau:g}")
         + f", capacity {s.capacity:g}, {s.values} values",

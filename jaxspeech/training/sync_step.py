@@ -89,7 +89,9 @@ def _learner_metrics(sums: dict, grad_norm, param_norm, finite) -> dict:
 
 
 def _bmuf_update(strategy: sync.Strategy, step, after, params, momentum):
-    """BMUF's block update at the end of every block (else everything passes through).
+    """BMUF's block update at the end of every block (else everything passes through);
+    during the dense warm-up (`sync.block_dense_steps`) the learners' models are averaged
+    every step instead, with no block momentum (which starts from zero after it).
     Returns (learners' start of the next block, global model, block momentum)."""
 
     def block(args):
@@ -104,8 +106,20 @@ def _bmuf_update(strategy: sync.Strategy, step, after, params, momentum):
         )
         return start, g, m
 
-    boundary = (step + 1) % strategy.block_steps == 0
-    return jax.lax.cond(boundary, block, lambda a: a, (after, params, momentum))
+    def blocks(args):
+        boundary = (step + 1) % strategy.block_steps == 0
+        return jax.lax.cond(boundary, block, lambda a: a, args)
+
+    if strategy.dense_steps == 0:  # no cond at all without a warm-up
+        return blocks((after, params, momentum))
+
+    def average(args):
+        learners_, global_, momentum_ = args
+        g, _, start = sync.bmuf_block(learners_, global_, momentum_, 0.0, 1.0, False)
+        return start, g, jax.tree.map(jnp.zeros_like, momentum_)
+
+    dense = step < strategy.dense_steps
+    return jax.lax.cond(dense, average, blocks, (after, params, momentum))
 
 
 def _learner_step(accumulated, tx, seed, strategy, param_shardings):
@@ -147,7 +161,14 @@ def _learner_step(accumulated, tx, seed, strategy, param_shardings):
             )
         sums = jax.tree.map(jnp.sum, sums)
         metrics = _learner_metrics(sums, grad_norm, jnp.mean(param_norm), finite)
-        metrics["sync_bytes_per_step"] = _payload(strategy, params, param_shardings, mesh)
+        payload = _payload(strategy, params, param_shardings, mesh)
+        if strategy.method == "bmuf" and strategy.dense_steps > 0:
+            p = sync.payload_bytes(strategy, params, param_shardings, mesh)
+            every_step = (
+                p["inner_bytes_per_step"] + p["cross_bytes_per_step"] * strategy.block_steps
+            )
+            payload = jnp.where(step < strategy.dense_steps, jnp.float32(every_step), payload)
+        metrics["sync_bytes_per_step"] = payload
         new = state.replace(step=step + 1, params=params, opt_state=opt_state, sync=sync_state)
         return new, metrics
 

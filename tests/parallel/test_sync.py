@@ -342,6 +342,26 @@ def test_allreduce_strategy_is_the_plain_step():
     assert fn.__name__ == "train_step"
 
 
+def test_bmuf_averages_every_step_for_its_warm_up_then_runs_blocks(allreduce):
+    """sync.block_dense_steps=2 on BMUF with long blocks: steps 1-2 average the learners'
+    models (with SGD learners: the all-reduce step, so the losses follow all-reduce's)
+    and leave no block momentum; step 3 is a local step of each learner."""
+    _, want_metrics, _ = allreduce
+    kw = dict(strategy="bmuf", block_steps=100, block_momentum=0.5, block_dense_steps=2)
+    _, metrics, state = _run((1, 4, 2, 1), steps=3, **kw)
+    for m, w in zip(metrics[:2], want_metrics):
+        np.testing.assert_allclose(m["loss"], w["loss"], rtol=1e-5)
+    assert metrics[0]["sync_bytes_per_step"] == 100 * metrics[2]["sync_bytes_per_step"]
+    momentum = jax.tree.leaves(jax.tree.map(np.asarray, state.sync["momentum"]))
+    assert max(float(np.abs(m).max()) for m in momentum) == 0
+    learners = jax.tree.map(np.asarray, state.sync["learners"])
+    kernel = learners["ctc"]["kernel"]  # (learners, ...): apart after a local step
+    assert np.abs(kernel[0] - kernel[1]).max() > 0
+    _, metrics2, state2 = _run((1, 4, 2, 1), steps=2, **kw)
+    for learner in jax.tree.leaves(jax.tree.map(np.asarray, state2.sync["learners"])):
+        np.testing.assert_array_equal(learner, np.broadcast_to(learner[0], learner.shape))
+
+
 def test_gtc_exchanges_dense_updates_for_its_warm_up_then_compresses(allreduce):
     """sync.gtc_dense_steps=2 on a lossy GTC (1-bit, 20% density): steps 1-2 exchange every
     learner's whole update (with SGD learners: the all-reduce step, so the losses follow
