@@ -15,7 +15,11 @@ working copy (``$JAXSPEECH_CACHE/runs/...``), and pushed to the store as whole o
   reader concatenates the parts in offset order, stopping at a gap.
 - every other file (config.json, assets/, evaluation results, TensorBoard, diagnostics):
   one whole-object PUT when its size or modification time changed. A PUT is atomic: a
-  reader sees the old object or the new one.
+  reader sees the old object or the new one. TensorBoard's event files only grow and are
+  sent whole, so between checkpoints they go at most every ``SLOW_PUSH_EVERY_S``.
+- a log's parts are compacted when its writer starts (``compact``): the whole log as
+  part 0, then the parts it covers deleted; a reader skips parts that an earlier part
+  already covers, and reads again if one vanished while it read.
 - not pushed: the lease (kept on the store itself: runs/lease.py), the compile cache
   (per host), the checkpoints (on the store already) and temporaries.
 
@@ -40,6 +44,9 @@ from jaxspeech.files import TEMP_MARK
 
 PARTS = ".parts"
 PUSH_EVERY_S = 30.0
+SLOW_PUSH_EVERY_S = 600.0  # TensorBoard files: whole objects that only grow
+SLOW_DIRS = ("tensorboard",)
+COMPACT_PARTS = 64  # a log with more parts is rewritten as one when its writer starts
 NOT_PUSHED_DIRS = ("checkpoints", "checkpoints_corrupt", "compile_cache")
 NOT_PUSHED_FILES = ("lease.json", "lease.json.takeover")
 
@@ -93,7 +100,8 @@ class RunCopy:
         self.remote = storage.is_remote(workdir)
         self.local = (local or _cache_dir(self.url)) if self.remote else self.url
         self._state: dict[str, object] = {}  # name -> pushed log offset, or (size, mtime)
-        self._last_push = 0.0
+        self._parts: dict[str, int] = {}  # log -> parts on the store at the last pull
+        self._last_push = self._last_slow_push = 0.0
 
     # ------------------------------------------------------------ pull
     def pull(self) -> str:
@@ -119,7 +127,9 @@ class RunCopy:
         for name in plain:
             self._download(fs, f"{base.rstrip('/')}/{name}", name)
         for name, offsets in logs.items():
-            self._join_parts(fs, base, name, sorted(offsets))
+            sizes = {o: listing[f"{name}{PARTS}/{o:016d}"]["size"] for o in offsets}
+            self._join_parts(fs, base, name, sizes)
+        self._parts = {name: len(offsets) for name, offsets in logs.items()}
         self._state = {
             n: os.path.getsize(self._path(n)) if _is_log(n) else _stat(self._path(n))
             for n in _local_files(self.local)
@@ -136,34 +146,69 @@ class RunCopy:
         data = storage.retrying(storage.join(self.url, name), lambda: fs.cat_file(source))
         _write(target, data)
 
-    def _join_parts(self, fs, base: str, name: str, offsets: list[int]) -> None:
-        """NAME rebuilt from its parts, in order, up to the first gap or overlap (a part
-        written by a job that had not seen the ones before it: never by this module)."""
-        chunks, at = [], 0
-        for offset in offsets:
-            if offset != at:
-                print(
-                    f"WARNING: {storage.join(self.url, name)}: part at byte {offset} where "
-                    f"{at} was expected; the log is read up to byte {at}",
-                    flush=True,
-                )
+    def _join_parts(self, fs, base: str, name: str, sizes: dict[int, int]) -> None:
+        """NAME rebuilt from its parts ({offset: size}) in offset order, up to the first
+        gap. A part that an earlier one covers (compacted) is skipped; one that vanished
+        while this ran (a compaction) makes it list the parts and read again."""
+        url = storage.join(self.url, name)
+        for _ in range(3):
+            try:
+                data = _concatenate(fs, f"{base.rstrip('/')}/{name}{PARTS}", sizes, url)
                 break
-            key = f"{base.rstrip('/')}/{name}{PARTS}/{offset:016d}"
-            part = storage.retrying(storage.join(self.url, name), lambda k=key: fs.cat_file(k))
-            chunks.append(part)
-            at += len(part)
+            except storage.StorageError as e:
+                if not isinstance(e.__cause__, FileNotFoundError):
+                    raise
+                listing = storage.list_files(f"{url}{PARTS}")
+                sizes = {int(k): v["size"] for k, v in listing.items() if k.isdigit()}
+        else:
+            raise storage.StorageError(f"{url}: its parts keep changing while read")
         target = self._path(name)
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        _write(target, b"".join(chunks))
+        _write(target, data)
 
-    # ------------------------------------------------------------ push
-    def push(self) -> int:
-        """Uploads what changed since the last pull or push; returns the objects written."""
+    def compact(self, process: int) -> int:
+        """Rewrites each log this process writes (``_writes``) that has more than
+        COMPACT_PARTS parts as one part; returns the logs compacted. Only for the job that
+        holds the run's lease, right after its pull (no other writer of these logs)."""
         if not self.remote:
             return 0
         fs, base = storage.filesystem(self.url)
-        written = 0
+        done = 0
+        for name, count in sorted(self._parts.items()):
+            if count <= COMPACT_PARTS or not _writes(name, process):
+                continue
+            prefix = f"{base.rstrip('/')}/{name}{PARTS}"
+            url = storage.join(self.url, name)
+            with open(self._path(name), "rb") as f:
+                data = f.read()
+            covered = storage.list_files(f"{url}{PARTS}")  # before: later ones stay
+            storage.retrying(url, lambda p=prefix, d=data: fs.pipe_file(f"{p}/{0:016d}", d))
+            stale = [  # the parts part 0 now holds (none past a gap: kept as found)
+                f"{prefix}/{k}"
+                for k, meta in covered.items()
+                if k.isdigit() and 0 < int(k) and int(k) + meta["size"] <= len(data)
+            ]
+            for i in range(0, len(stale), 1000):
+                storage.retrying(url, lambda b=stale[i : i + 1000]: fs.rm(b))
+            self._parts[name] = 1
+            done += 1
+        return done
+
+    # ------------------------------------------------------------ push
+    def push(self, slow_too: bool = True) -> int:
+        """Uploads what changed since the last pull or push; returns the objects written.
+        slow_too=False: TensorBoard files only when SLOW_PUSH_EVERY_S passed since their
+        last push."""
+        if not self.remote:
+            return 0
+        fs, base = storage.filesystem(self.url)
+        written, now = 0, time.time()
+        slow_due = slow_too or now - self._last_slow_push >= SLOW_PUSH_EVERY_S
+        if slow_due:
+            self._last_slow_push = now
         for name in _local_files(self.local):
+            if name.split("/")[0] in SLOW_DIRS and not slow_due:
+                continue
             path = self._path(name)
             if _is_log(name):
                 written += self._push_log(fs, base, name, path)
@@ -197,10 +242,42 @@ class RunCopy:
         return 1
 
     def push_due(self) -> int:
-        """``push()`` when PUSH_EVERY_S passed since the last one."""
+        """``push()`` when PUSH_EVERY_S passed since the last one (TensorBoard files when
+        SLOW_PUSH_EVERY_S passed)."""
         if self.remote and time.time() - self._last_push >= PUSH_EVERY_S:
-            return self.push()
+            return self.push(slow_too=False)
         return 0
+
+
+def _writes(name: str, process: int) -> bool:
+    """Whether process ``process`` of a training job is the writer of log ``name``: the
+    per-process logs (``<dir>/p<i>.jsonl``) their process, the others process 0."""
+    head, _, tail = name.rpartition("/")
+    if head in APPEND_LOG_DIRS:
+        return tail == f"p{process}.jsonl"
+    return process == 0
+
+
+def _concatenate(fs, prefix: str, sizes: dict[int, int], url: str) -> bytes:
+    """The bytes of parts ``prefix/<offset>`` in order: a part inside what earlier parts
+    gave is skipped (unread), one that extends past it gives its new bytes; a gap ends it
+    with a warning."""
+    chunks, at = [], 0
+    for offset in sorted(sizes):
+        if offset + sizes[offset] <= at:
+            continue  # covered by a compacted part
+        if offset > at:
+            print(
+                f"WARNING: {url}: part at byte {offset} where {at} was expected; the log is "
+                f"read up to byte {at}",
+                flush=True,
+            )
+            break
+        key = f"{prefix}/{offset:016d}"
+        part = storage.retrying(url, lambda k=key: fs.cat_file(k))
+        chunks.append(part[at - offset :])
+        at = offset + len(part)
+    return b"".join(chunks)
 
 
 def _remove_empty_dirs(root: str) -> None:

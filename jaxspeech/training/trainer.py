@@ -98,6 +98,7 @@ class Trainer:
         # (runs/remote.py); its checkpoints are written to the store directly.
         self.copy = remote.RunCopy(workdir)
         workdir = self.copy.pull()
+        self.copy.compact(jax.process_index())  # the lease's holder: no other writer
         self.config, self.workdir, self.mesh, self.lease = config, workdir, mesh, lease
         tr = config.train
         os.makedirs(workdir, exist_ok=True)  # the lease made it on process 0's file system

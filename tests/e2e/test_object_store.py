@@ -449,3 +449,54 @@ def test_a_language_model_on_s3_is_read_through_the_cache(store, tmp_path):
     )
     with pytest.raises(storage.StorageError, match="lm/none.arpa: no such object"):
         NgramLM(storage.join(store[0], "lm", "none.arpa"))
+
+
+def test_logs_are_compacted_by_their_writer_and_read_across_a_compaction(
+    store, tmp_path, monkeypatch
+):
+    """A restarted writer rewrites its logs' many parts as one; a reader that listed the
+    parts before that still reads the whole log; appends go on after it; TensorBoard
+    files wait for a full push between checkpoints."""
+    monkeypatch.setattr(remote, "COMPACT_PARTS", 3)
+    run = storage.join(store[0], "runs", "compact")
+    first = remote.RunCopy(run, str(tmp_path / "first"))
+    first.pull()
+    events_log = os.path.join(first.local, "events.jsonl")
+    faults_log = os.path.join(first.local, "data_faults", "p1.jsonl")
+    os.makedirs(os.path.dirname(faults_log))
+    for i in range(5):
+        for path in (events_log, faults_log):
+            with open(path, "a") as f:
+                f.write(json.dumps({"event": "step", "i": i}) + "\n")
+        assert first.push() == 2
+    want = open(events_log, "rb").read()
+    parts = lambda name: sorted(  # noqa: E731
+        k for k in storage.list_files(f"{run}/{name}.parts")
+    )
+    listed = {int(k): len(want) // 5 for k in parts("events.jsonl")}  # equal-size lines
+    assert len(listed) == 5 and len(parts("data_faults/p1.jsonl")) == 5
+
+    restarted = remote.RunCopy(run, str(tmp_path / "restarted"))
+    restarted.pull()
+    assert restarted.compact(0) == 1  # its events; process 1's fault log is not its own
+    assert parts("events.jsonl") == [f"{0:016d}"] and len(parts("data_faults/p1.jsonl")) == 5
+    reader = remote.RunCopy(run, str(tmp_path / "reader"))
+    reader.pull()
+    assert open(os.path.join(reader.local, "events.jsonl"), "rb").read() == want
+    fs, base = storage.filesystem(run)
+    reader._join_parts(fs, base, "events.jsonl", listed)  # listed before: 4 parts gone
+    assert open(os.path.join(reader.local, "events.jsonl"), "rb").read() == want
+
+    with open(os.path.join(restarted.local, "events.jsonl"), "a") as f:
+        f.write('{"event": "resumed"}\n')
+    board = os.path.join(restarted.local, "tensorboard", "events.out.tfevents.1")
+    os.makedirs(os.path.dirname(board))
+    with open(board, "wb") as f:
+        f.write(b"scalars")
+    restarted._last_push = 0.0
+    restarted._last_slow_push = time.time()
+    assert restarted.push_due() == 1  # the events part; TensorBoard waits
+    assert parts("events.jsonl") == [f"{0:016d}", f"{len(want):016d}"]
+    assert "tensorboard/events.out.tfevents.1" not in storage.list_files(run)
+    assert restarted.push() == 1  # a full push (a checkpoint, the end) sends it
+    assert "tensorboard/events.out.tfevents.1" in storage.list_files(run)
