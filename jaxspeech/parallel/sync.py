@@ -196,15 +196,8 @@ def _bmuf_strategy(cfg: dict, common: dict) -> Strategy:
         raise SyncConfigError(
             f"sync.block_lr must be > 0 (or -1: from block_gain), got {cfg['block_lr']}"
         )
-    dense = _dense_steps(cfg, "block_dense_steps")
-    return Strategy(
-        **common,
-        block_steps=k,
-        block_momentum=eta,
-        block_lr=float(zeta),
-        nesterov=nesterov,
-        dense_steps=dense,
-    )
+    block = dict(block_steps=k, block_momentum=eta, block_lr=float(zeta), nesterov=nesterov)
+    return Strategy(**common, **block, dense_steps=_dense_steps(cfg, "block_dense_steps"))
 
 
 def _dense_steps(cfg: dict, key: str) -> int:
@@ -234,10 +227,8 @@ def _gtc_strategy(cfg: dict, common: dict) -> Strategy:
             "sync.gtc_values=sign sends +-tau: set sync.gtc_tau > 0 or sync.gtc_density > 0 "
             "(adaptive tau), or use gtc_values=float"
         )
-    dense = _dense_steps(cfg, "gtc_dense_steps")
-    return Strategy(
-        **common, tau=tau, density=density, capacity=float(cap), values=values, dense_steps=dense
-    )
+    kw = dict(tau=tau, density=density, capacity=float(cap), values=values)
+    return Strategy(**common, **kw, dense_steps=_dense_steps(cfg, "gtc_dense_steps"))
 
 
 def _check_rules(table: rules.Rules, axes: tuple[str, ...], mesh_shape: Mapping[str, int]):
