@@ -12,6 +12,10 @@ DEMO_VOCAB ?= 128
 # A 3-hour corpus prepares fastest in one in-memory Beam worker; big corpora use the
 # multi-process DirectRunner (the default) or a distributed runner.
 DEMO_BEAM_ARGS ?= --direct_running_mode=in_memory --direct_num_workers=1
+DEMO_NATURAL ?= 80
+NATURAL_SPLITS := test_natural_clean test_natural_noisy
+comma := ,
+space := $(subst ,, )
 
 .PHONY: demo test install install-dev install-onnx install-cuda lint format clean-demo
 
@@ -73,12 +77,32 @@ $(DEMO_DATA)/shards/.done: $(DEMO_DATA)/raw/.done
 	status=0; for p in $$pids; do wait $$p || status=1; done; exit $$status
 	touch $@
 
-demo: $(DEMO_DATA)/shards/.done
+# The natural-text test splits (data_prep/demo/natural.py): sentences of a book, voices
+# no other split uses, clean and with 15-25 dB noise; prepared after the others (they
+# need no tokenizer of their own).
+$(DEMO_DATA)/natural/.done: | $(VENV)/.installed
+	rm -rf $(DEMO_DATA)/natural
+	$(PY) -m data_prep.demo.natural --output $(DEMO_DATA)/natural --utterances $(DEMO_NATURAL)
+	touch $@
+
+$(DEMO_DATA)/shards/.natural: $(DEMO_DATA)/shards/.done $(DEMO_DATA)/natural/.done
+	pids=""; for split in $(NATURAL_SPLITS); do \
+	  $(PY) -m data_prep.prepare --format manifest \
+	    --input $(DEMO_DATA)/natural/$$split/manifest.jsonl --output $(DEMO_DATA)/shards \
+	    --split $$split --tokenizer $(DEMO_TOKENIZER) $(DEMO_BEAM_ARGS) & \
+	  pids="$$pids $$!"; \
+	done; \
+	status=0; for p in $$pids; do wait $$p || status=1; done; exit $$status
+	touch $@
+
+demo: $(DEMO_DATA)/shards/.done $(DEMO_DATA)/shards/.natural
 	$(PY) -m jaxspeech.train --config $(DEMO_CONFIG) --workdir $(DEMO_RUN)
-	$(PY) -m jaxspeech.evaluate --workdir $(DEMO_RUN) --data $(DEMO_DATA)/shards --split test
+	$(PY) -m jaxspeech.evaluate --workdir $(DEMO_RUN) --data $(DEMO_DATA)/shards \
+	    --split test,$(subst $(space),$(comma),$(NATURAL_SPLITS))
 	$(PY) -m data_prep.lm --data $(DEMO_DATA)/shards --split train --order 3 \
 	    --output $(DEMO_RUN)/lm/train-3gram.arpa
-	$(PY) -m jaxspeech.evaluate --workdir $(DEMO_RUN) --data $(DEMO_DATA)/shards --split test \
+	$(PY) -m jaxspeech.evaluate --workdir $(DEMO_RUN) --data $(DEMO_DATA)/shards \
+	    --split test,$(subst $(space),$(comma),$(NATURAL_SPLITS)) \
 	    --beam 32 --lm $(DEMO_RUN)/lm/train-3gram.arpa
 
 # JAXSPEECH_REQUIRE_ONNX: the ONNX tests fail, not skip, if the converter is missing.
