@@ -139,4 +139,5 @@ def normalize(sentence: str) -> tuple[str, str]:
         raise ValueError(f"characters outside the alphabet: {''.join(bad)!r}")
     spoken = re.sub(r"[.!?]", ",", spoken_words)
     spoken = re.sub(r"(^| )'+|'+(,| |$)", r"\1\2", spoken)
+    spoken = re.sub(r"\s*,[\s,]*", ", ", spoken)  # "there?, avast" -> "there, avast"
     return text, spoken[:1].upper() + spoken[1:].rstrip(", ") + "."

@@ -5,6 +5,7 @@ natural.py)."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -65,6 +66,7 @@ def test_normalize_writes_out_what_the_synthesizer_would_read_its_own_way():
     assert normalize("\u2018Tis the whale-ship\u2019s boat \u2014 and 5% & more.")[0] == (
         "tis the whale ship's boat and five percent and more"
     )
+    assert normalize("Is it there?\u2014avast!")[1] == "Is it there, avast."
     for bad, reason in (("Caf\u00e9 noir.", "outside the alphabet"), ("...", "no words")):
         with pytest.raises(ValueError, match=reason):
             normalize(bad)
@@ -90,6 +92,7 @@ def test_the_stored_sentences_are_normalized_distinct_and_not_the_demo_grammar()
     assert len(texts) == len(set(texts)) >= 500
     for text, spoken in sentences:
         assert normalize(spoken)[0] == text, (text, spoken)  # written out already
+        assert not re.search(r",\s*,", spoken), spoken
         assert 5 <= len(text.split()) <= 16
     # None of them is a sentence of the demo's training, dev or test splits.
     demo = {u.text for u in synth.plan_corpus(3.0, 0)}
