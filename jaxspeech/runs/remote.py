@@ -101,6 +101,8 @@ class RunCopy:
         self.local = (local or _cache_dir(self.url)) if self.remote else self.url
         self._state: dict[str, object] = {}  # name -> pushed log offset, or (size, mtime)
         self._parts: dict[str, int] = {}  # log -> parts on the store at the last pull
+        self._whole_logs: set[str] = set()  # logs stored as one object (uploaded runs)
+        self._part0: set[str] = set()  # logs whose parts start at byte 0
         self._last_push = self._last_slow_push = 0.0
 
     # ------------------------------------------------------------ pull
@@ -126,10 +128,17 @@ class RunCopy:
         fs, base = storage.filesystem(self.url)
         for name in plain:
             self._download(fs, f"{base.rstrip('/')}/{name}", name)
+        # A log uploaded whole (a local run copied to the store) is the start of its parts.
+        self._whole_logs = {n for n in plain if _is_log(n)}
         for name, offsets in logs.items():
             sizes = {o: listing[f"{name}{PARTS}/{o:016d}"]["size"] for o in offsets}
-            self._join_parts(fs, base, name, sizes)
+            head = b""
+            if name in self._whole_logs and 0 not in sizes:
+                with open(self._path(name), "rb") as f:
+                    head = f.read()
+            self._join_parts(fs, base, name, sizes, head)
         self._parts = {name: len(offsets) for name, offsets in logs.items()}
+        self._part0 = {name for name, offsets in logs.items() if 0 in offsets}
         self._state = {
             n: os.path.getsize(self._path(n)) if _is_log(n) else _stat(self._path(n))
             for n in _local_files(self.local)
@@ -146,14 +155,17 @@ class RunCopy:
         data = storage.retrying(storage.join(self.url, name), lambda: fs.cat_file(source))
         _write(target, data)
 
-    def _join_parts(self, fs, base: str, name: str, sizes: dict[int, int]) -> None:
-        """NAME rebuilt from its parts ({offset: size}) in offset order, up to the first
-        gap. A part that an earlier one covers (compacted) is skipped; one that vanished
-        while this ran (a compaction) makes it list the parts and read again."""
+    def _join_parts(
+        self, fs, base: str, name: str, sizes: dict[int, int], head: bytes = b""
+    ) -> None:
+        """NAME rebuilt from `head` (the log's bytes before its parts) and its parts
+        ({offset: size}) in offset order, up to the first gap. A part that an earlier one
+        covers (compacted) is skipped; one that vanished while this ran (a compaction)
+        makes it list the parts and read again."""
         url = storage.join(self.url, name)
         for _ in range(3):
             try:
-                data = _concatenate(fs, f"{base.rstrip('/')}/{name}{PARTS}", sizes, url)
+                data = _concatenate(fs, f"{base.rstrip('/')}/{name}{PARTS}", sizes, url, head)
                 break
             except storage.StorageError as e:
                 if not isinstance(e.__cause__, FileNotFoundError):
@@ -173,6 +185,14 @@ class RunCopy:
         if not self.remote:
             return 0
         fs, base = storage.filesystem(self.url)
+        for name in sorted(self._whole_logs - self._part0):  # a whole object -> part 0
+            if _writes(name, process):
+                url, source = storage.join(self.url, name), f"{base.rstrip('/')}/{name}"
+                data = storage.retrying(url, lambda s=source: fs.cat_file(s))
+                key = f"{source}{PARTS}/{0:016d}"
+                storage.retrying(url, lambda k=key, d=data: fs.pipe_file(k, d))
+                storage.remove(url)
+                self._parts[name] = self._parts.get(name, 0) + 1
         done = 0
         for name, count in sorted(self._parts.items()):
             if count <= COMPACT_PARTS or not _writes(name, process):
@@ -258,11 +278,11 @@ def _writes(name: str, process: int) -> bool:
     return process == 0
 
 
-def _concatenate(fs, prefix: str, sizes: dict[int, int], url: str) -> bytes:
-    """The bytes of parts ``prefix/<offset>`` in order: a part inside what earlier parts
-    gave is skipped (unread), one that extends past it gives its new bytes; a gap ends it
-    with a warning."""
-    chunks, at = [], 0
+def _concatenate(fs, prefix: str, sizes: dict[int, int], url: str, head: bytes = b"") -> bytes:
+    """`head`, then the bytes of parts ``prefix/<offset>`` in order: a part inside what
+    came before is skipped (unread), one that extends past it gives its new bytes; a gap
+    ends it with a warning."""
+    chunks, at = [head], len(head)
     for offset in sorted(sizes):
         if offset + sizes[offset] <= at:
             continue  # covered by a compacted part

@@ -500,3 +500,34 @@ def test_logs_are_compacted_by_their_writer_and_read_across_a_compaction(
     assert "tensorboard/events.out.tfevents.1" not in storage.list_files(run)
     assert restarted.push() == 1  # a full push (a checkpoint, the end) sends it
     assert "tensorboard/events.out.tfevents.1" in storage.list_files(run)
+
+
+def test_a_local_run_copied_to_the_store_goes_on_there(store, tmp_path):
+    """A run uploaded whole (events.jsonl one object): a writer makes that object its log's
+    first part and appends after it; readers see the whole log before and after."""
+    run = storage.join(store[0], "runs", "uploaded")
+    local = tmp_path / "local"
+    local.mkdir()
+    (local / "events.jsonl").write_text('{"event": "started"}\n{"event": "finished"}\n')
+    (local / "config.json").write_text("{}")
+    storage.upload_dir(str(local), run, last=())
+    writer = remote.RunCopy(run, str(tmp_path / "writer"))
+    writer.pull()
+    fs, base = storage.filesystem(run)
+    # A first part written by a writer that died before making the object part 0.
+    fs.pipe_file(f"{base}/events.jsonl.parts/{43:016d}", b'{"event": "resumed"}\n')
+    want = (local / "events.jsonl").read_bytes() + b'{"event": "resumed"}\n'
+    reader = remote.RunCopy(run, str(tmp_path / "reader"))
+    reader.pull()
+    assert (tmp_path / "reader" / "events.jsonl").read_bytes() == want
+    restarted = remote.RunCopy(run, str(tmp_path / "restarted"))
+    restarted.pull()
+    restarted.compact(0)
+    names = storage.list_files(run)
+    assert "events.jsonl" not in names and f"events.jsonl.parts/{0:016d}" in names
+    with open(tmp_path / "restarted" / "events.jsonl", "ab") as f:
+        f.write(b'{"event": "started"}\n')
+    assert restarted.push() == 1
+    again = remote.RunCopy(run, str(tmp_path / "again"))
+    again.pull()
+    assert (tmp_path / "again" / "events.jsonl").read_bytes() == want + b'{"event": "started"}\n'
