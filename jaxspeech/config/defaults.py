@@ -404,7 +404,11 @@ def _sync(c: ConfigDict) -> None:
     c.sync.strategy = s["strategy"]
     c.sync.outer = s["outer"]  # hierarchical: gossip | bmuf across the replica axis
     c.sync.block_steps = s["block_steps"]  # bmuf: local steps per block (traffic / block_steps)
-    c.sync.block_momentum = s["block_momentum"]  # bmuf eta; -1 = 1 - 1/learners (the reference's)
+    # bmuf eta; -1 = 1 - 1/learners (the reference's, with SGD learners). 0: plain block
+    # averaging, the default: with AdamW learners it reached all-reduce's dev CER within
+    # 4.7% at the demo's budget, eta 0.75 (the reference's for 4 learners) lagged by 18.4%
+    # (benchmarks/README.md, "Sync strategies").
+    c.sync.block_momentum = s["block_momentum"]
     # bmuf zeta; -1 = from block_gain: zeta (1 + eta) / (1 - eta) = gain with Nesterov
     c.sync.block_lr = s["block_lr"]
     # bmuf: the global model's move per block / the learners' mean move, in steady state.

@@ -99,7 +99,7 @@ def default_sync_config() -> dict:
         "strategy": "allreduce",
         "outer": "gossip",
         "block_steps": 8,
-        "block_momentum": -1.0,
+        "block_momentum": 0.0,
         "block_lr": -1.0,
         "block_gain": 1.0,
         "nesterov": True,

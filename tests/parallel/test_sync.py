@@ -203,14 +203,16 @@ def test_rules_that_shard_parameters_over_learners_are_refused():
         )
 
 
-def test_bmuf_default_momentum_follows_the_rule():
-    s = _strategy("bmuf", (2, 2, 2, 1))
-    assert s.num_learners == 4 and s.block_momentum == ref.bmuf_default_momentum(4)
-    h = _strategy("hierarchical", (2, 2, 2, 1), outer="bmuf")
+def test_bmuf_default_is_plain_averaging_and_minus_one_follows_the_rule():
+    s = _strategy("bmuf", (2, 2, 2, 1))  # the default: eta 0, zeta 1 (gain 1)
+    assert s.num_learners == 4 and (s.block_momentum, s.block_lr) == (0.0, 1.0)
+    r = _strategy("bmuf", (2, 2, 2, 1), block_momentum=-1.0)  # the reference's rule
+    assert r.block_momentum == ref.bmuf_default_momentum(4)
+    h = _strategy("hierarchical", (2, 2, 2, 1), outer="bmuf", block_momentum=-1.0)
     assert h.learner_axes == ("replica",) and h.num_learners == 2 and h.block_momentum == 0.5
     # zeta from the default gain of 1: (1 - eta) / (1 + eta) with Nesterov
-    assert s.block_lr == pytest.approx(0.25 / 1.75)
-    assert _strategy("bmuf", (2, 2, 2, 1), block_lr=1.0).block_lr == 1.0  # given: kept
+    assert r.block_lr == pytest.approx(0.25 / 1.75)
+    assert _strategy("bmuf", (2, 2, 2, 1), block_lr=2.0).block_lr == 2.0  # given: kept
 
 
 @pytest.mark.parametrize("nesterov", [True, False])
