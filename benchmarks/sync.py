@@ -83,7 +83,13 @@ STRATEGIES = {
     ),
     "gtc": (
         (1, 4, 1, 1),
-        {"strategy": "gtc", "gtc_density": 0.002, "gtc_capacity": 0.004, "gtc_values": "sign"},
+        {
+            "strategy": "gtc",
+            "gtc_density": 0.002,
+            "gtc_capacity": 0.004,
+            "gtc_values": "sign",
+            "gtc_dense_steps": 0,
+        },
     ),
     "gossip": ((1, 4, 1, 1), {"strategy": "gossip"}),
     # fsdp inside a replica: each device sends only its shard of the model across

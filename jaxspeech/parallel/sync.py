@@ -105,10 +105,10 @@ def default_sync_config() -> dict:
         "nesterov": True,
         "block_dense_steps": 0,
         "gtc_tau": 0.0,
-        "gtc_density": 0.002,
-        "gtc_capacity": 0.004,
+        "gtc_density": 0.004,
+        "gtc_capacity": 0.0048,
         "gtc_values": "sign",
-        "gtc_dense_steps": 0,
+        "gtc_dense_steps": 200,
         "gossip_overlap": False,
     }
 

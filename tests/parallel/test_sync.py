@@ -301,7 +301,12 @@ def allreduce():
         (
             (1, 4, 2, 1),
             dict(
-                strategy="gtc", gtc_values="float", gtc_tau=0.0, gtc_density=0.0, gtc_capacity=1.0
+                strategy="gtc",
+                gtc_values="float",
+                gtc_tau=0.0,
+                gtc_density=0.0,
+                gtc_capacity=1.0,
+                gtc_dense_steps=0,
             ),
         ),
         ((1, 2, 4, 1), dict(strategy="gossip")),
