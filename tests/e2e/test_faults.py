@@ -99,12 +99,15 @@ def _child_pid(reader, i):
 
 
 # A non-default sync strategy with state of its own (jaxspeech.parallel.sync): BMUF across
-# the two processes (replica axis, blocks of 2 steps), gradients all-reduced inside each.
+# the two processes (replica axis, blocks of 2 steps), gradients all-reduced inside each,
+# with block momentum (the reference's 1 - 1/N: the default, 0, would keep it at zero and
+# a wrongly restored momentum would go unseen).
 SYNC = (
     "--config.mesh.replica=2",
     "--config.sync.strategy=hierarchical",
     "--config.sync.outer=bmuf",
     "--config.sync.block_steps=2",
+    "--config.sync.block_momentum=-1",
 )
 
 
