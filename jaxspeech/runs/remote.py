@@ -179,8 +179,9 @@ class RunCopy:
         _write(target, data)
 
     def compact(self, process: int) -> int:
-        """Rewrites each log this process writes (``_writes``) that has more than
-        COMPACT_PARTS parts as one part; returns the logs compacted. Only for the job that
+        """For each log this process writes (``_writes``): a log stored as one object (a
+        run copied to the store) becomes its part 0, and one with more than COMPACT_PARTS
+        parts is rewritten as one part; returns the logs compacted. Only for the job that
         holds the run's lease, right after its pull (no other writer of these logs)."""
         if not self.remote:
             return 0
