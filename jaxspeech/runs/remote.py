@@ -39,7 +39,7 @@ import shutil
 import tempfile
 import time
 
-from jaxspeech import storage
+from jaxspeech import files, storage
 from jaxspeech.files import TEMP_MARK
 
 PARTS = ".parts"
@@ -153,7 +153,7 @@ class RunCopy:
         target = self._path(name)
         os.makedirs(os.path.dirname(target), exist_ok=True)
         data = storage.retrying(storage.join(self.url, name), lambda: fs.cat_file(source))
-        _write(target, data)
+        files.atomic_write(target, data)
 
     def _join_parts(
         self, fs, base: str, name: str, sizes: dict[int, int], head: bytes = b""
@@ -176,7 +176,7 @@ class RunCopy:
             raise storage.StorageError(f"{url}: its parts keep changing while read")
         target = self._path(name)
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        _write(target, data)
+        files.atomic_write(target, data)
 
     def compact(self, process: int) -> int:
         """For each log this process writes (``_writes``): a log stored as one object (a
@@ -306,13 +306,6 @@ def _remove_empty_dirs(root: str) -> None:
         rel = os.path.relpath(d, root).replace(os.sep, "/")
         if d != root and not names and not os.listdir(d) and _pushed(rel + "/x"):
             os.rmdir(d)
-
-
-def _write(path: str, data: bytes) -> None:
-    tmp = f"{path}{TEMP_MARK}pull"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
 
 
 def _cache_dir(url: str) -> str:
