@@ -13,6 +13,8 @@ DEMO_VOCAB ?= 128
 # multi-process DirectRunner (the default) or a distributed runner.
 DEMO_BEAM_ARGS ?= --direct_running_mode=in_memory --direct_num_workers=1
 DEMO_NATURAL ?= 80
+# Share of the training utterances that speak a natural sentence (data_prep/demo/synth.py).
+DEMO_NATURAL_SHARE ?= 0.5
 NATURAL_SPLITS := test_natural_clean test_natural_noisy
 comma := ,
 space := $(subst ,, )
@@ -62,7 +64,8 @@ install-cuda: $(VENV)/.installed
 # Order-only on the install: reinstalling after a pyproject.toml change must not
 # re-synthesize (or re-prepare) a corpus that is already there.
 $(DEMO_DATA)/raw/.done: | $(VENV)/.installed
-	$(PY) -m data_prep.demo.synth --output $(DEMO_DATA)/raw --hours $(DEMO_HOURS) --seed 0
+	$(PY) -m data_prep.demo.synth --output $(DEMO_DATA)/raw --hours $(DEMO_HOURS) --seed 0 \
+	    --natural_share $(DEMO_NATURAL_SHARE)
 	touch $@
 
 # The splits are independent Beam jobs (each stages into its own directory; only train

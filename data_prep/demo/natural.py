@@ -27,11 +27,10 @@ from collections.abc import Sequence
 import numpy as np
 import soundfile as sf
 
-from data_prep.demo import synth
+from data_prep.demo import make_texts, synth
 from jaxspeech import files
 from jaxspeech.audio import augment
 
-TEXT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "texts", "moby_dick.txt")
 CLEAN, NOISY = "test_natural_clean", "test_natural_noisy"
 SNR_DB = (15.0, 25.0)
 NOISES = {"white": 0.0, "brown": 2.0}  # 1/f^exponent
@@ -47,20 +46,6 @@ VOICES = (
     ("wm", "mike2", 164, 46, 62),
     ("ny", "Gene2", 174, 55, 66),
 )
-
-
-def read_sentences(path: str = TEXT) -> list[tuple[str, str]]:
-    """[(transcript, what espeak-ng is given)] of a texts/ file (comment lines skipped)."""
-    out = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if line.startswith("#") or not line.strip():
-                continue
-            parts = line.rstrip("\n").split("\t")
-            if len(parts) != 2 or not all(parts):
-                raise ValueError(f"{path}:{n}: expected 'transcript<TAB>spoken', got {line!r}")
-            out.append((parts[0], parts[1]))
-    return out
 
 
 def plan(sentences: Sequence[tuple[str, str]], utterances: int, seed: int) -> list:
@@ -113,7 +98,7 @@ def build(output: str, utterances: int = 100, seed: int = 0, workers: int | None
     for split in (CLEAN, NOISY):
         if os.path.exists(os.path.join(output, split)):
             raise FileExistsError(f"{os.path.join(output, split)} exists; remove it first")
-    utts = plan(read_sentences(), utterances, seed)
+    utts = plan(make_texts.read_sentences(make_texts.MOBY_DICK), utterances, seed)
     for split in (CLEAN, NOISY):
         os.makedirs(os.path.join(output, split, "audio"))
     t0 = time.monotonic()

@@ -1,6 +1,7 @@
 """Synthesize the multi-speaker English demo corpus with espeak-ng.
 
     python -m data_prep.demo.synth --output DIR [--hours 3] [--seed 0] [--workers N]
+        [--natural_share 0.5]
 
 Writes, for each split in (train, dev, test):
     DIR/<split>/audio/<split>-<speaker>-<n>.wav   16 kHz mono PCM16
@@ -11,6 +12,10 @@ Speakers are espeak-ng English accents x voice variants x a base rate/pitch/rang
 dev speakers are held out: their variants (timbres) never occur in train, though their
 accents do, so held-out error measures generalization to new voices. Sentences come from
 one stream of distinct sentences (`data_prep.demo.sentences`), so no text is in two splits.
+Training utterances are natural English instead at the rate --natural_share: sentences of
+the State of the Union addresses (texts/sotu.txt, see make_texts), each used once, none
+equal to a dev or test sentence or to a sentence of the natural-text test splits
+(texts/moby_dick.txt); dev and test stay the grammar's, the same for any share.
 
 Determinism: everything (sentence, speaker, rate, pitch, gain, silences, noise seed) is
 planned in the parent from --seed; workers only render. libespeak-ng carries hidden state
@@ -35,12 +40,12 @@ import numpy as np
 import soundfile as sf
 import soxr
 
-from data_prep.demo import espeak
+from data_prep.demo import espeak, make_texts
 from data_prep.demo import sentences as sentences_lib
 from jaxspeech import files
 
 # Bump when anything that changes the output (speakers, planning, rendering) changes.
-GENERATOR_VERSION = 2  # 2: 48 train speakers (was 24)
+GENERATOR_VERSION = 3  # 2: 48 train speakers (was 24); 3: natural training sentences
 SAMPLE_RATE = 16_000
 SPLITS = ("train", "dev", "test")
 SPLIT_FRACTIONS = {"train": 0.90, "dev": 0.05, "test": 0.05}
@@ -209,6 +214,45 @@ class Utterance:
         return f"audio/{self.utt_id}.wav"
 
 
+# A natural sentence whose estimate at its speaker's slowest rate, with the longest edge
+# silences, exceeds this is not used: the demo recipe's longest bucket holds 6.25 s.
+MAX_NATURAL_S = 6.0
+
+
+class NaturalSentences:
+    """The training split's natural sentences in a seeded order, each at most once.
+
+    held_out: transcripts no training sentence may equal (dev, test and the natural-text
+    test splits); `skipped` counts the sentences passed over, by reason.
+    """
+
+    def __init__(self, seed: int, held_out: set[str], path: str = make_texts.SOTU):
+        self._rng = random.Random(f"jaxspeech-synth-natural-{seed}")
+        pool = make_texts.read_sentences(path)
+        self._rng.shuffle(pool)
+        self._pool = iter(pool)
+        self._held_out = held_out
+        self.skipped = {"held_out": 0, "too_long": 0}
+
+    def choose(self, share: float) -> bool:
+        """Whether the next training utterance is natural (its own stream: the grammar's
+        sentences and the prosody draws are the same for any share)."""
+        return self._rng.random() < share
+
+    def next_for(self, rate: int) -> sentences_lib.Sentence:
+        """The next sentence that fits MAX_NATURAL_S at `rate` words per minute."""
+        for text, spoken in self._pool:
+            if text in self._held_out:
+                self.skipped["held_out"] += 1
+            elif estimate_duration(text, rate) + 2 * MAX_EDGE_SILENCE_S > MAX_NATURAL_S:
+                self.skipped["too_long"] += 1
+            else:
+                return sentences_lib.Sentence(text, spoken)
+        raise ValueError(
+            "texts/sotu.txt ran out of natural sentences: lower --natural_share or --hours"
+        )
+
+
 # Least-squares fit of speech seconds (edge silences excluded) on characters x 175 / rate,
 # over 140 utterances of every speaker rendered with espeak-ng 1.52.
 _EST_INTERCEPT_S = 0.04
@@ -224,16 +268,25 @@ def estimate_duration(text: str, rate: int) -> float:
     return _EST_INTERCEPT_S + _EST_S_PER_CHAR * len(text) * 175.0 / rate
 
 
-def plan_corpus(hours: float, seed: int) -> list[Utterance]:
+def plan_corpus(
+    hours: float, seed: int, natural_share: float = 0.0, skipped: dict | None = None
+) -> list[Utterance]:
     """All utterances of the corpus in manifest order (test, dev, train).
 
     Each split gets SPLIT_FRACTIONS[split] * hours of (estimated) audio, and at least one
-    utterance per speaker; speakers take turns so each has an equal share.
+    utterance per speaker; speakers take turns so each has an equal share. A share
+    `natural_share` of the training utterances take their sentence from NaturalSentences
+    (the natural sentences passed over are counted into `skipped`, by reason).
     """
     rng = random.Random(f"jaxspeech-synth-plan-{seed}")
     sentences = sentences_lib.SentenceGenerator(seed)
     plan: list[Utterance] = []
+    natural = None
     for split in ("test", "dev", "train"):  # held-out splits first: stable if hours change
+        if split == "train" and natural_share > 0:
+            held_out = {u.text for u in plan}
+            held_out |= {t for t, _ in make_texts.read_sentences(make_texts.MOBY_DICK)}
+            natural = NaturalSentences(seed, held_out)
         speakers = [s for s in SPEAKERS if s.split == split]
         target_s = hours * 3600.0 * SPLIT_FRACTIONS[split]
         counts = dict.fromkeys((s.name for s in speakers), 0)
@@ -242,7 +295,10 @@ def plan_corpus(hours: float, seed: int) -> list[Utterance]:
             spk = speakers[i % len(speakers)]
             i += 1
             counts[spk.name] += 1
-            sentence = next(sentences)
+            if split == "train" and natural_share > 0 and natural.choose(natural_share):
+                sentence = natural.next_for(round(spk.rate * 0.9))
+            else:
+                sentence = next(sentences)
             # Per-utterance jitter around the speaker's base: about +-10% rate (roughly
             # 145-205 wpm overall), a few steps of pitch and range.
             rate = round(spk.rate * rng.uniform(0.9, 1.1))
@@ -265,6 +321,8 @@ def plan_corpus(hours: float, seed: int) -> list[Utterance]:
             )
             plan.append(utt)
             total_s += estimate_duration(utt.text, rate) + utt.lead_s + utt.trail_s
+    if natural is not None and skipped is not None:
+        skipped.update(natural.skipped)
     return plan
 
 
@@ -330,11 +388,12 @@ def _render_chunk(task: tuple[str, list[Utterance]]) -> list[tuple[str, int]]:
 # ---------------------------------------------------------------------------------------
 
 
-def _identity(hours: float, seed: int) -> dict:
+def _identity(hours: float, seed: int, natural_share: float) -> dict:
     """What makes two builds identical (--workers does not change the output)."""
     return {
         "hours_requested": hours,
         "seed": seed,
+        "natural_share": natural_share,
         "generator_version": GENERATOR_VERSION,
         "sentences_version": sentences_lib.SENTENCES_VERSION,
     }
@@ -466,20 +525,27 @@ def _print_summary(info: dict, wall: float) -> None:
 
 
 def build_corpus(
-    output: str, hours: float = 3.0, seed: int = 0, workers: int | None = None
+    output: str,
+    hours: float = 3.0,
+    seed: int = 0,
+    workers: int | None = None,
+    natural_share: float = 0.0,
 ) -> dict:
     """Plan, render and describe the corpus in `output`; returns the corpus_info dict."""
     if not hours > 0:
         raise ValueError(f"--hours must be positive, got {hours}")
+    if not 0.0 <= natural_share <= 1.0:
+        raise ValueError(f"--natural_share must be in [0, 1], got {natural_share}")
     workers = workers or os.cpu_count() or 1
     if workers < 1:
         raise ValueError(f"--workers must be >= 1, got {workers}")
     t0 = time.monotonic()
-    identity = _identity(hours, seed)
+    identity = _identity(hours, seed, natural_share)
     _prepare_output(output, identity)
     files.atomic_json(os.path.join(output, PARTIAL_FILE), identity)
 
-    plan = plan_corpus(hours, seed)
+    skipped: dict = {}
+    plan = plan_corpus(hours, seed, natural_share, skipped)
     for split in SPLITS:
         os.makedirs(os.path.join(output, split, "audio"))
     chunks = _chunks(plan)
@@ -501,6 +567,12 @@ def build_corpus(
         utts = [u for u in plan if u.split == split]
         info["splits"][split] = _write_manifest(output, split, utts, num_samples)
     info["distinct_words"] = len(_words(u.text for u in plan))
+    natural = {t for t, _ in make_texts.read_sentences(make_texts.SOTU)} if natural_share else set()
+    info["natural_sentences"] = {
+        "source": "data_prep/demo/texts/" + os.path.basename(make_texts.SOTU),
+        "used": sum(u.text in natural for u in plan if u.split == "train"),
+        "skipped": skipped,
+    }
     info["espeak_ng_version"] = espeak.library_version()
     files.atomic_write(os.path.join(output, INFO_FILE), json.dumps(info, indent=2) + "\n")
     os.remove(os.path.join(output, PARTIAL_FILE))
@@ -520,9 +592,15 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument(
         "--workers", type=int, default=None, help="worker processes (default: all CPUs)"
     )
+    parser.add_argument(
+        "--natural_share",
+        type=float,
+        default=0.0,
+        help="share of training utterances with a natural sentence (texts/sotu.txt)",
+    )
     args = parser.parse_args(argv)
     try:
-        return build_corpus(args.output, args.hours, args.seed, args.workers)
+        return build_corpus(args.output, args.hours, args.seed, args.workers, args.natural_share)
     except (FileExistsError, ValueError) as e:
         parser.exit(2, f"synth_demo: error: {e}\n")
 

@@ -86,17 +86,49 @@ def test_sentences_split_at_their_ends_not_after_abbreviations():
     assert kept == [("one two three four five", "One two three four five.")]
 
 
-def test_the_stored_sentences_are_normalized_distinct_and_not_the_demo_grammar():
-    sentences = natural.read_sentences()
+@pytest.mark.parametrize("path", [make_texts.MOBY_DICK, make_texts.SOTU])
+def test_the_stored_sentences_are_normalized_and_distinct(path):
+    sentences = make_texts.read_sentences(path)
     texts = [t for t, _ in sentences]
     assert len(texts) == len(set(texts)) >= 500
     for text, spoken in sentences:
         assert normalize(spoken)[0] == text, (text, spoken)  # written out already
         assert not re.search(r",\s*,", spoken), spoken
         assert 5 <= len(text.split()) <= 16
-    # None of them is a sentence of the demo's training, dev or test splits.
-    demo = {u.text for u in synth.plan_corpus(3.0, 0)}
-    assert not demo & set(texts)
+    if path == make_texts.SOTU:  # no initials, dotted abbreviations or lone letters
+        assert not any(re.search(r"(^| )[b-hj-np-z]( |$)", t) for t in texts)
+
+
+def test_no_test_sentence_is_trained_on():
+    """The natural-text test splits' sentences are in no split of the demo corpus, and no
+    dev or test sentence is a training sentence, at the default natural share and at 1."""
+    moby = {t for t, _ in make_texts.read_sentences(make_texts.MOBY_DICK)}
+    sotu = {t for t, _ in make_texts.read_sentences(make_texts.SOTU)}
+    assert not moby & sotu
+    for share in (0.5, 1.0):
+        skipped = {}
+        plan = synth.plan_corpus(3.0, 0, share, skipped)
+        train = [u.text for u in plan if u.split == "train"]
+        held_out = {u.text for u in plan if u.split != "train"}
+        assert len(set(train)) == len(train) and not held_out & set(train)
+        assert not moby & (set(train) | held_out)
+        natural_share = sum(t in sotu for t in train) / len(train)
+        assert abs(natural_share - share) < 0.05, natural_share
+        assert skipped["too_long"] > 0 and skipped["held_out"] == 0
+        # The natural sentences fit the longest bucket at the speaker's slowest rate.
+        for u in plan:
+            if u.text in sotu:
+                assert synth.estimate_duration(u.text, u.rate) + 0.4 <= synth.MAX_NATURAL_S
+    # Dev and test do not depend on the share.
+    at = {s: [u for u in synth.plan_corpus(3.0, 0, s) if u.split != "train"] for s in (0, 1)}
+    assert at[0] == at[1]
+
+
+def test_a_held_out_natural_sentence_is_skipped_and_counted():
+    natural_sentences = synth.NaturalSentences(0, held_out=set())
+    first = natural_sentences.next_for(175)
+    again = synth.NaturalSentences(0, held_out={first.text})
+    assert again.next_for(175) != first and again.skipped["held_out"] == 1
 
 
 def test_natural_splits_are_the_same_speech_clean_and_noisy(tmp_path):

@@ -9,13 +9,14 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from data_prep.demo import sentences, synth
+from data_prep.demo import make_texts, sentences, synth
 from data_prep.demo.espeak import Espeak, EspeakError
 
 TINY_HOURS = "0.02"  # ~30 utterances: every speaker once, a few seconds of synthesis
 
 
-def _run(out, seed=0, workers=1):
+def _run(out, seed=0, workers=1, natural_share=0.5):
+    """The tiny corpus; half of its training sentences natural, as the demo's."""
     return synth.main(
         [
             "--output",
@@ -26,6 +27,8 @@ def _run(out, seed=0, workers=1):
             str(seed),
             "--workers",
             str(workers),
+            "--natural_share",
+            str(natural_share),
         ]
     )
 
@@ -94,6 +97,13 @@ def test_manifests_and_audio(corpora):
     assert info["seed"] == 0 and info["generator_version"] == synth.GENERATOR_VERSION
     assert info["distinct_words"] > 0 and set(info["splits"]) == set(synth.SPLITS)
     assert not (root / synth.PARTIAL_FILE).exists()
+    # Natural sentences were rendered into train only, and counted.
+    sotu = {t for t, _ in make_texts.read_sentences(make_texts.SOTU)}
+    train = [r["text"] for r in _manifest(root, "train")]
+    natural = info["natural_sentences"]
+    assert info["natural_share"] == 0.5 and 0 < natural["used"] < len(train)
+    assert natural["used"] == sum(t in sotu for t in train)
+    assert not any(r["text"] in sotu for s in ("dev", "test") for r in _manifest(root, s))
 
 
 def test_splits_disjoint_and_held_out_speakers(corpora):
@@ -146,6 +156,13 @@ def test_output_dir_rules(corpora, tmp_path, monkeypatch, capsys):
         _run(other)
     assert "does not hold a synth_demo corpus" in capsys.readouterr().err
     assert os.listdir(other) == ["notes.txt"]
+    # Another natural share into an existing corpus: refused; a share outside [0, 1]: one line.
+    with pytest.raises(SystemExit):
+        _run(dirs["w2"], seed=0, natural_share=0.25)
+    assert "built with" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        _run(tmp_path / "new", natural_share=1.5)
+    assert "--natural_share must be in [0, 1], got 1.5" in capsys.readouterr().err
 
 
 def test_sentence_generator_vocabulary():
