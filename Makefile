@@ -99,7 +99,8 @@ $(DEMO_DATA)/shards/.natural: $(DEMO_DATA)/shards/.done $(DEMO_DATA)/natural/.do
 	touch $@
 
 demo: $(DEMO_DATA)/shards/.done $(DEMO_DATA)/shards/.natural
-	$(PY) -m jaxspeech.train --config $(DEMO_CONFIG) --workdir $(DEMO_RUN)
+	$(PY) -m jaxspeech.train --config $(DEMO_CONFIG) --workdir $(DEMO_RUN) \
+	    --config.data.dir=$(DEMO_DATA)/shards
 	$(PY) -m jaxspeech.evaluate --workdir $(DEMO_RUN) --data $(DEMO_DATA)/shards \
 	    --split test,$(subst $(space),$(comma),$(NATURAL_SPLITS))
 	$(PY) -m data_prep.lm --data $(DEMO_DATA)/shards --split train --order 3 \
