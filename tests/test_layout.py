@@ -37,7 +37,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("jaxspeech.evaluation",),
     ("jaxspeech.runs",),
     ("jaxspeech.config", "jaxspeech.decoding"),
-    ("jaxspeech.models",),
+    ("jaxspeech.models", "jaxspeech.tts"),
     (
         "jaxspeech.data",
         "jaxspeech.audio",

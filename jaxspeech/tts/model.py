@@ -1,0 +1,294 @@
+"""FastSpeech2 (Ren et al., 2021) with Conformer blocks: tokens -> log-mel frames.
+
+token + speaker embedding -> Conformer encoder (token mask) -> duration, pitch and energy
+predictors -> + pitch / energy embeddings -> length regulator -> Conformer decoder (frame
+mask) -> linear projection to the mel bins. The encoder and decoder are the recognizer's
+Conformer blocks (`jaxspeech.models.conformer.ConformerBlock`, relative-position
+attention), as ESPnet's FastSpeech2 offers a Conformer encoder and decoder.
+
+Pitch and energy are predicted per token (FastPitch; ESPnet's token-averaged variant):
+their targets are `length_regulator.token_average` of normalized frame-level values.
+Training embeds the target values (teacher forcing), inference the predicted ones.
+The duration predictor regresses log(1 + duration), as ESPnet's (offset 1).
+
+Shapes: B batch, N tokens, T frames, D model dim, C predictor channels, M mel bins.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxspeech.models.conformer import ConformerBlock
+from jaxspeech.models.layers import (
+    Dense,
+    Dropout,
+    Dtype,
+    LayerNorm,
+    dense_init,
+    layer_stack,
+    logical_init,
+)
+from jaxspeech.parallel.rules import constrain
+from jaxspeech.tts import length_regulator
+
+PAD_ID = 0
+
+
+class Conv1d(nnx.Module):
+    """'Same' full (not depthwise) 1-D convolution over time: (B, N, Cin) -> (B, N, Cout).
+
+    Padding positions are zeroed first, so a sequence's valid outputs do not depend on
+    how much padding follows it (the convolution sees zeros past its end either way).
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int,
+        axes: tuple[str | None, str | None],
+        *,
+        dtype: Dtype,
+        rngs: nnx.Rngs,
+    ):
+        if kernel_size % 2 == 0:
+            raise ValueError(f"conv kernel size must be odd, got {kernel_size}")
+        self.kernel = nnx.Param(
+            logical_init(dense_init(2), ("conv",) + tuple(axes))(
+                rngs.params(), (kernel_size, in_channels, out_channels)
+            )
+        )
+        self.bias = nnx.Param(
+            logical_init(nnx.initializers.zeros, axes[1:])(rngs.params(), (out_channels,))
+        )
+        self.pad = (kernel_size - 1) // 2
+        self.dtype = dtype
+
+    def __call__(self, x_bnc: jax.Array, mask_bn: jax.Array) -> jax.Array:
+        x = jnp.where(mask_bn[..., None], x_bnc.astype(self.dtype), 0)
+        pad = self.pad
+        y = jax.lax.conv_general_dilated(
+            x,
+            self.kernel[...].astype(self.dtype),
+            window_strides=(1,),
+            padding=[(pad, pad)],
+            dimension_numbers=("NWC", "WIO", "NWC"),
+        )
+        return y + self.bias[...].astype(self.dtype)
+
+
+class VariancePredictor(nnx.Module):
+    """(B, N, D) token encodings -> (B, N) float32 scalar per token (0 on padding):
+    2 x (conv -> ReLU -> LayerNorm -> dropout) -> linear, as ESPnet's duration and
+    variance predictors."""
+
+    def __init__(
+        self,
+        dim: int,
+        channels: int,
+        kernel_size: int,
+        dropout: float,
+        *,
+        dtype: Dtype,
+        rngs: nnx.Rngs,
+    ):
+        self.conv1 = Conv1d(dim, channels, kernel_size, ("embed", "mlp"), dtype=dtype, rngs=rngs)
+        self.norm1 = LayerNorm(channels, dtype=dtype, rngs=rngs)
+        self.conv2 = Conv1d(channels, channels, kernel_size, ("mlp", None), dtype=dtype, rngs=rngs)
+        self.norm2 = LayerNorm(channels, dtype=dtype, rngs=rngs)
+        self.out = Dense(channels, 1, ("mlp", None), dtype=dtype, rngs=rngs)
+        self.dropout = Dropout(dropout)
+
+    def __call__(
+        self, x_bnd: jax.Array, mask_bn: jax.Array, *, deterministic: bool, rngs: nnx.Rngs | None
+    ) -> jax.Array:
+        kw = dict(deterministic=deterministic, rngs=rngs)
+        h = self.dropout(self.norm1(jax.nn.relu(self.conv1(x_bnd, mask_bn))), **kw)
+        h = self.dropout(self.norm2(jax.nn.relu(self.conv2(h, mask_bn))), **kw)
+        return jnp.where(mask_bn, self.out(h)[..., 0].astype(jnp.float32), 0.0)
+
+
+def durations_from_log(
+    log_duration_bn: jax.Array, token_mask_bn: jax.Array, scale: float, max_duration: int
+) -> jax.Array:
+    """(B, N) predicted log(1 + duration) -> (B, N) int32 frames per token.
+
+    round((exp(x) - 1) * scale), clipped to [1, max_duration] on real tokens (a token that
+    is in the text is spoken: it keeps at least one frame) and 0 on padding. `scale` > 1
+    slows the speech down; it multiplies before the rounding (ESPnet rounds twice).
+    """
+    frames = jnp.round((jnp.exp(log_duration_bn.astype(jnp.float32)) - 1.0) * scale)
+    frames = jnp.clip(frames, 1, max_duration).astype(jnp.int32)
+    return jnp.where(token_mask_bn, frames, 0)
+
+
+class FastSpeech2(nnx.Module):
+    """(B, N) token ids (padding id 0) and (B,) speaker ids -> (B, T, M) log-mel frames."""
+
+    def __init__(
+        self,
+        *,
+        vocab_size: int,
+        num_speakers: int = 1,
+        dim: int = 256,
+        num_heads: int = 2,
+        encoder_layers: int = 4,
+        decoder_layers: int = 4,
+        ff_mult: int = 4,
+        conv_kernel: int = 7,
+        n_mels: int = 80,
+        variance_channels: int = 256,
+        variance_kernel: int = 3,
+        embed_kernel: int = 9,
+        dropout: float = 0.1,
+        dtype: Dtype = jnp.float32,
+        rngs: nnx.Rngs,
+    ):
+        if num_speakers < 1:
+            raise ValueError(f"num_speakers must be >= 1, got {num_speakers}")
+        for name, k in (("variance_kernel", variance_kernel), ("embed_kernel", embed_kernel)):
+            if k % 2 == 0:  # 'same' padding of an even kernel would shift the sequence
+                raise ValueError(f"{name} must be odd, got {k}")
+        table = logical_init(nnx.initializers.normal(1.0), ("vocab", "embed"))
+        self.token_embed = nnx.Param(table(rngs.params(), (vocab_size, dim)))
+        self.speaker_embed = nnx.Param(
+            logical_init(nnx.initializers.normal(1.0), (None, "embed"))(
+                rngs.params(), (num_speakers, dim)
+            )
+        )
+        self.dropout = Dropout(dropout)
+
+        def make(r: nnx.Rngs) -> ConformerBlock:
+            return ConformerBlock(
+                dim, num_heads, ff_mult, conv_kernel, dropout, dtype=dtype, rngs=r
+            )
+
+        self.encoder = layer_stack(make, encoder_layers, scan=False, rngs=rngs)
+        predictor = lambda: VariancePredictor(
+            dim, variance_channels, variance_kernel, dropout, dtype=dtype, rngs=rngs
+        )
+        self.duration_predictor = predictor()
+        self.pitch_predictor = predictor()
+        self.energy_predictor = predictor()
+        # A 1-D conv of the scalar (FastPitch, ESPnet): neighbouring tokens' values shape it.
+        self.pitch_embed = Conv1d(1, dim, embed_kernel, (None, "embed"), dtype=dtype, rngs=rngs)
+        self.energy_embed = Conv1d(1, dim, embed_kernel, (None, "embed"), dtype=dtype, rngs=rngs)
+        self.decoder = layer_stack(make, decoder_layers, scan=False, rngs=rngs)
+        self.mel_out = Dense(dim, n_mels, ("embed", "mel"), dtype=dtype, rngs=rngs)
+        self.n_mels = n_mels
+        self.dtype = dtype
+
+    def encode(
+        self,
+        tokens_bn: jax.Array,
+        speaker_b: jax.Array,
+        *,
+        deterministic: bool,
+        rngs: nnx.Rngs | None,
+    ) -> tuple[jax.Array, jax.Array]:
+        """(B, N) tokens, (B,) speakers -> (B, N, D) encodings (0 on padding), (B, N) mask."""
+        mask = tokens_bn != PAD_ID
+        # The speaker joins before the encoder, so every layer can condition on it.
+        x = jnp.take(self.token_embed[...], tokens_bn, axis=0)
+        x = x + jnp.take(self.speaker_embed[...], speaker_b, axis=0)[:, None, :]
+        x = jnp.where(mask[..., None], x, 0.0).astype(self.dtype)
+        x = constrain(x, ("batch", "time", "embed"))
+        x = self.dropout(x, deterministic=deterministic, rngs=rngs)
+        for block in self.encoder:
+            x = block(x, mask, deterministic=deterministic, rngs=rngs)
+        return jnp.where(mask[..., None], x, 0), mask
+
+    def predict_variances(
+        self,
+        h_bnd: jax.Array,
+        mask_bn: jax.Array,
+        *,
+        deterministic: bool,
+        rngs: nnx.Rngs | None,
+    ) -> dict[str, jax.Array]:
+        """(B, N, D) encodings -> (B, N) float32 log(1 + duration), pitch and energy."""
+        kw = dict(deterministic=deterministic, rngs=rngs)
+        return {
+            "log_duration": self.duration_predictor(h_bnd, mask_bn, **kw),
+            "pitch": self.pitch_predictor(h_bnd, mask_bn, **kw),
+            "energy": self.energy_predictor(h_bnd, mask_bn, **kw),
+        }
+
+    def decode(
+        self,
+        h_bnd: jax.Array,
+        mask_bn: jax.Array,
+        pitch_bn: jax.Array,
+        energy_bn: jax.Array,
+        durations_bn: jax.Array,
+        max_frames: int,
+        *,
+        deterministic: bool,
+        rngs: nnx.Rngs | None,
+    ) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Token encodings + the embedded (B, N) pitch and energy, repeated by the (B, N)
+        durations to `max_frames` frames and decoded -> (B, T, M) float32 mel (0 past the
+        end), (B, T) frame mask, (B,) overflow (see `length_regulator.regulate`)."""
+        kw = dict(deterministic=deterministic, rngs=rngs)
+        h = h_bnd + self.pitch_embed(pitch_bn[..., None], mask_bn)
+        h = h + self.energy_embed(energy_bn[..., None], mask_bn)
+        h = self.dropout(h, **kw)
+        durations = jnp.where(mask_bn, durations_bn, 0)  # padding owns no frame
+        x, frame_mask, overflow = length_regulator.regulate(h, durations, max_frames)
+        x = constrain(x, ("batch", "time", "embed"))
+        for block in self.decoder:
+            x = block(x, frame_mask, **kw)
+        mel = self.mel_out(x).astype(jnp.float32)
+        mel = jnp.where(frame_mask[..., None], mel, 0.0)
+        return constrain(mel, ("batch", "time", "mel")), frame_mask, overflow
+
+    def __call__(
+        self,
+        tokens_bn: jax.Array,
+        speaker_b: jax.Array,
+        durations_bn: jax.Array,
+        pitch_bn: jax.Array,
+        energy_bn: jax.Array,
+        max_frames: int,
+        deterministic: bool,
+        *,
+        rngs: nnx.Rngs | None = None,
+    ) -> dict[str, jax.Array]:
+        """Training forward with the target (B, N) durations, token pitch and token energy
+        (teacher forcing). Returns {"mel": (B, T, M), "frame_mask": (B, T), "token_mask":
+        (B, N), "log_duration", "pitch", "energy": (B, N) predictions, "overflow": (B,)},
+        T = `max_frames`; predictions are float32 and 0 on padding."""
+        kw = dict(deterministic=deterministic, rngs=rngs)
+        h, mask = self.encode(tokens_bn, speaker_b, **kw)
+        pred = self.predict_variances(h, mask, **kw)
+        mel, frame_mask, overflow = self.decode(
+            h, mask, pitch_bn, energy_bn, durations_bn, max_frames, **kw
+        )
+        return pred | {
+            "mel": mel,
+            "frame_mask": frame_mask,
+            "token_mask": mask,
+            "overflow": overflow,
+        }
+
+    def synthesize(
+        self,
+        tokens_bn: jax.Array,
+        speaker_b: jax.Array,
+        max_frames: int,
+        duration_scale: float = 1.0,
+    ) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Inference (no dropout): predicted durations (`durations_from_log` with
+        `duration_scale`), pitch and energy -> (B, T, M) float32 mel, (B, T) frame mask and
+        the (B, N) int32 durations used. T = `max_frames`; a sequence whose durations sum
+        past it is cut there (durations.sum(1) > max_frames tells which)."""
+        kw = dict(deterministic=True, rngs=None)
+        h, mask = self.encode(tokens_bn, speaker_b, **kw)
+        pred = self.predict_variances(h, mask, **kw)
+        durations = durations_from_log(pred["log_duration"], mask, duration_scale, max_frames)
+        mel, frame_mask, _ = self.decode(
+            h, mask, pred["pitch"], pred["energy"], durations, max_frames, **kw
+        )
+        return mel, frame_mask, durations
