@@ -97,6 +97,42 @@ def test_plan_covers_each_utterance_once_per_epoch(corpus):
     assert order(plan, 0) != order(pl.BatchPlan(index.durations, spec(), seed=4, shuffle=True), 0)
 
 
+def test_plan_read_from_many_threads_equals_one_thread(monkeypatch):
+    """Grain's read threads call plan[step] concurrently. With speed perturbation the plan
+    counts epoch starts as it goes; unlocked, two threads appended the same start twice
+    and later steps got other epochs' batches. A sleep inside the count (it releases the
+    GIL) makes the interleaving that exposed it near certain."""
+    import threading
+    import time
+
+    durations = np.random.default_rng(0).uniform(0.5, 5.5, 60)
+    kw = dict(seed=1, shuffle=True, speeds=(0.9, 1.0, 1.1))
+    want = pl.BatchPlan(durations, spec(), **kw)
+    steps = 12 * want.batches_per_epoch
+    expected = [(want[s].epoch, tuple(want[s].indices)) for s in range(steps)]
+    plan = pl.BatchPlan(durations, spec(), **kw)
+    count = pl.BatchPlan.batches_in_epoch
+    monkeypatch.setattr(
+        pl.BatchPlan, "batches_in_epoch", lambda self, e: (time.sleep(0.002), count(self, e))[1]
+    )
+    got = [None] * steps
+
+    def read(first: int) -> None:
+        for s in range(first, steps, 4):
+            got[s] = (plan[s].epoch, tuple(plan[s].indices))
+
+    threads = [threading.Thread(target=read, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == expected
+    # The lock is not pickled (Grain workers get their own): a copy plans the same.
+    import pickle
+
+    assert pickle.loads(pickle.dumps(plan))[steps - 1].epoch == expected[-1][0]
+
+
 def test_owned_records_are_whole_shards_or_strided():
     counts = [3, 0, 4, 2, 5]
     parts = [pl.owned_records(counts, p, 2) for p in range(2)]
