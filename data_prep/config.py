@@ -40,6 +40,8 @@ class PrepConfig:
     hours_per_shard: float = HOURS_PER_SHARD
     seed: int = 0  # Speaker-to-shard placement and record order within shards.
     alphabet: str | None = None  # Allowed characters of normalized text (None: any).
+    # Skip items without phonemes (missing_phonemes) instead of writing them as ASR records.
+    require_phonemes: bool = False
     # Reader options (data_prep.readers).
     allow_pipes: bool = False
     tfds_data_dir: str | None = None
@@ -90,6 +92,13 @@ def define_flags(fv: flags.FlagValues) -> None:
         "as out_of_alphabet. Default: any.",
         **d,
     )
+    flags.DEFINE_bool(
+        "require_phonemes",
+        False,
+        "Text-to-speech data: skip items without phonemes and phoneme_ends as "
+        "missing_phonemes (by default they are written as ASR records). Manifest input only.",
+        **d,
+    )
     flags.DEFINE_enum("tokenizer", "char", ["char", "bpe", "unigram"], "Tokenizer kind.", **d)
     flags.DEFINE_integer("vocab_size", 256, "bpe/unigram labels, blank included.", **d)
     flags.DEFINE_bool("train_tokenizer", None, "Train DIR/tokenizer (default: split==train).", **d)
@@ -113,6 +122,12 @@ def define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_integer("num_ceps", 40, "Stats, --features mfcc: cepstra kept.", **d)
     flags.DEFINE_float("lifter", 22.0, "Stats, --features mfcc: cepstral lifter (0 = off).", **d)
     flags.DEFINE_integer("deltas", 0, "Stats, --features mfcc: delta orders appended.", **d)
+    _define_reader_flags(d)
+
+
+def _define_reader_flags(d: dict) -> None:
+    """The options of single --format readers (kaldi, tfds, hf, lhotse); `d`: the
+    DEFINE_* keywords (flag_values, module_name)."""
     flags.DEFINE_bool("allow_pipes", False, "kaldi: run wav.scp entries that are commands.", **d)
     flags.DEFINE_string("tfds_data_dir", None, "tfds: the TFDS data directory.", **d)
     flags.DEFINE_string("tfds_split", None, "tfds: the TFDS split (default: --split).", **d)
@@ -202,6 +217,9 @@ def parse_args(argv: list[str]) -> tuple[PrepConfig, list[str]]:
     if fv.alphabet is not None and fv.alphabet != fv.alphabet.lower():
         # Transcripts are checked after normalization, which lowercases them.
         raise PrepareError(f"--alphabet must be lowercase, got {fv.alphabet!r}")
+    if fv.require_phonemes and fv.format != "manifest":
+        # The other readers read no phoneme fields: every item would be skipped.
+        raise PrepareError(f"--require_phonemes needs --format manifest, got {fv.format!r}")
     feature = _feature(fv)
     train_tok = fv.train_tokenizer if fv.train_tokenizer is not None else split == "train"
     cfg = PrepConfig(
@@ -223,6 +241,7 @@ def parse_args(argv: list[str]) -> tuple[PrepConfig, list[str]]:
         hours_per_shard=float(fv.hours_per_shard),
         seed=fv.seed,
         alphabet=fv.alphabet,
+        require_phonemes=bool(fv.require_phonemes),
         allow_pipes=bool(fv.allow_pipes),
         tfds_data_dir=fv.tfds_data_dir,
         tfds_split=fv.tfds_split,

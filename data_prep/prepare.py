@@ -4,7 +4,8 @@
         --output DIR --split NAME [--num_shards N | --hours_per_shard H] [--seed S]
         [--tokenizer char|bpe|unigram] [--vocab_size V] [--alphabet CHARS]
         [--min_duration S] [--max_duration S] [--sample_rate 16000]
-        [--audio_format pcm_s16le|flac] [--verbose] [--runner DirectRunner]
+        [--audio_format pcm_s16le|flac] [--require_phonemes] [--verbose]
+        [--runner DirectRunner]
         [other Beam options]
 
 One Apache Beam pipeline (the shape of section IV of the 1M-hour paper in
@@ -19,8 +20,10 @@ statistics per shard in parallel, then summed):
     transcripts
 
 The driver then writes ``DIR/<split>/{index.json, durations.npy, stats.json,
-prep_report.json}`` (the statistics are the per-shard sums added in shard order) and, for
-the train split, ``DIR/tokenizer/``. Everything lands in a staging directory first and
+prep_report.json}`` (the statistics are the per-shard sums added in shard order), for a
+split whose items carry phonemes (text-to-speech data, data_prep.phoneme_fields)
+``DIR/<split>/phonemes.json`` (the sorted phoneme inventory with counts), and, for the
+train split, ``DIR/tokenizer/``. Everything lands in a staging directory first and
 replaces ``DIR/<split>`` only when complete, so a re-run never mixes old and new shards.
 
 Every input item is either written or skipped with a counted reason (num_input ==
@@ -62,6 +65,7 @@ from apache_beam.runners.runner import PipelineState
 
 from data_prep import upload
 from data_prep.config import PrepConfig, define_flags, parse_args
+from data_prep.phoneme_fields import INVENTORY_FILE, PhonemeInventoryFn, inventory
 from data_prep.readers import READERS
 from data_prep.readers.common import PrepareError
 from data_prep.report import (
@@ -135,6 +139,12 @@ def build_pipeline(p: beam.Pipeline, cfg: PrepConfig, staging_dir: str) -> None:
             | "CountSeconds" >> beam.CombineGlobally(CountAndSecondsFn())
             | "NumShards" >> beam.MapTuple(default_num_shards, hours_per_shard=cfg.hours_per_shard)
         )
+    _ = (
+        prepared
+        | "PhonemesOf" >> beam.Map(lambda p: p.phonemes)
+        | "PhonemeInventory" >> beam.CombineGlobally(PhonemeInventoryFn())
+        | "WritePhonemes" >> beam.Map(write_json, os.path.join(parts, "phonemes.json"))
+    )
     _ = num_shards | "WriteNumShards" >> beam.Map(
         write_json, os.path.join(parts, "num_shards.json")
     )
@@ -202,10 +212,13 @@ def _finalize(cfg: PrepConfig, staging: str, start_time: float) -> dict[str, Any
     """Turns the pipeline's outputs in ``staging`` into the split's files; returns the report."""
     parts = os.path.join(staging, "_parts")
     shards, durations, stats = _finalize_shards(cfg, staging)
+    phonemes = inventory(read_json(os.path.join(parts, "phonemes.json")))
     if durations.size:  # no index for a split without records: nothing may take it as one
         if stats is not None:
             stats_path = os.path.join(staging, "stats.json")
             write_json({"feature": cfg.feature.as_dict(), **stats}, stats_path)
+        if phonemes is not None:  # a split with phonemes (text-to-speech data)
+            write_json(phonemes, os.path.join(staging, INVENTORY_FILE))
         records.write_split_index(  # last of the split's files: its completion mark
             staging,
             shards,
@@ -242,6 +255,9 @@ def _finalize(cfg: PrepConfig, staging: str, start_time: float) -> dict[str, Any
         "skipped": events[SKIPPED],
         "resampled": events[RESAMPLED],
         "downmixed": events[DOWNMIXED],
+        "phonemes": None
+        if phonemes is None
+        else {k: phonemes[k] for k in ("utterances", "utterances_without", "num_phonemes")},
         "split_dir": cfg.split_dir,
         "elapsed_s": 0.0,
     }

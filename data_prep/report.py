@@ -84,6 +84,13 @@ def format_report(report: dict[str, Any]) -> str:
     for kind in (RESAMPLED, DOWNMIXED):
         if report[kind]["count"]:
             lines.append(f"  {kind} {report[kind]['count']:,}")
+    phonemes = report.get("phonemes")
+    if phonemes:
+        lines.append(
+            f"  phonemes: {phonemes['utterances']:,} records "
+            f"({phonemes['utterances_without']:,} without), {phonemes['num_phonemes']} "
+            f"distinct in {os.path.join(split_dir, 'phonemes.json')}"
+        )
     tok = report.get("tokenizer")
     if tok and "vocab_size" in tok:
         lines.append(f"  tokenizer: {tok['kind']}, {tok['vocab_size']} labels (blank included)")

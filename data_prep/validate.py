@@ -1,5 +1,8 @@
 """Per-item work: drop duplicate ids, validate each item, decode, resample/downmix, encode
-its record, sum its log-mel statistics and spill the record for the shard writers."""
+its record, sum its log-mel statistics and spill the record for the shard writers.
+
+Phoneme fields (data_prep.phoneme_fields) are checked by the reader; here they are fitted
+to the measured duration, and required with --require_phonemes."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ from typing import Any, NamedTuple
 import apache_beam as beam
 import numpy as np
 
+from data_prep import phoneme_fields
 from data_prep.config import PrepConfig
 from data_prep.readers.audio import load_item_audio
 from data_prep.readers.common import AudioError, Item
@@ -51,6 +55,7 @@ class Prepared(NamedTuple):
     frames: int
     mel_sum: np.ndarray
     mel_sum_sq: np.ndarray
+    phonemes: tuple[str, ...] = ()  # empty: an ASR record (for the split's inventory)
 
 
 class KeepFirstOfId(beam.DoFn):
@@ -96,6 +101,27 @@ class ValidateAndEncode(beam.DoFn):
         self._spill_count += 1
         return self._spill_path, self._spill_count - 1
 
+    def _record(self, item: Item, audio_i16: np.ndarray) -> bytes | None:
+        """The record of an item and its final (N,) int16 audio; None when the item's
+        phoneme ends do not fit the audio's duration."""
+        cfg = self._cfg
+        ends = None
+        if item.phonemes is not None:
+            # The record's duration: after resampling, which can shift it by a sample.
+            ends = phoneme_fields.fit_ends(item.phoneme_ends, audio_i16.size / cfg.sample_rate)
+            if ends is None:
+                return None
+        return records.encode_record(
+            id=item.id,
+            audio=audio_i16,
+            sample_rate=cfg.sample_rate,
+            text=item.text,
+            speaker=item.speaker,
+            audio_format=cfg.audio_format,
+            phonemes=None if ends is None else " ".join(item.phonemes),
+            phoneme_ends=ends,
+        )
+
     def process(self, item: Item) -> Iterator[Any]:
         cfg = self._cfg
 
@@ -112,6 +138,9 @@ class ValidateAndEncode(beam.DoFn):
             return
         if cfg.alphabet is not None and not set(normalized) <= set(cfg.alphabet) | {" "}:
             yield skip(OUT_OF_ALPHABET)
+            return
+        if cfg.require_phonemes and item.phonemes is None:
+            yield skip(phoneme_fields.MISSING_PHONEMES)
             return
         try:
             audio_nc, source_rate = load_item_audio(item, cfg)
@@ -139,14 +168,10 @@ class ValidateAndEncode(beam.DoFn):
 
             audio = soxr.resample(audio, source_rate, cfg.sample_rate)
         audio_i16 = records.to_int16(audio)
-        record = records.encode_record(
-            id=item.id,
-            audio=audio_i16,
-            sample_rate=cfg.sample_rate,
-            text=item.text,
-            speaker=item.speaker,
-            audio_format=cfg.audio_format,
-        )
+        record = self._record(item, audio_i16)
+        if record is None:
+            yield skip(phoneme_fields.PHONEME_DURATION_MISMATCH)
+            return
         frames, mel_sum, mel_sum_sq = feature_sums(audio_i16, cfg.feature)
         spill_path, spill_index = self._write_spill(record)
         yield Prepared(
@@ -162,4 +187,5 @@ class ValidateAndEncode(beam.DoFn):
             frames=frames,
             mel_sum=mel_sum,
             mel_sum_sq=mel_sum_sq,
+            phonemes=item.phonemes or (),
         )

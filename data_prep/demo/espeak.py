@@ -9,6 +9,15 @@ every sample.
     tts.set_voice("en-us", "m3")
     tts.set_prosody(rate=175, pitch=50, pitch_range=50)
     wav = tts.synthesize("Hello there.")   # (N,) int16 at tts.sample_rate (22,050 Hz)
+    wav, phonemes = tts.synthesize_with_phonemes("Hello there.")
+    # phonemes: [("h", 0.012), ("@", 0.063), ..., ("_:", 0.647), ("_", 0.654)]: espeak-ng
+    # mnemonics and the second of wav each starts at
+
+Phoneme events: the library is initialized with espeakINITIALIZE_PHONEME_EVENTS, so every
+synthesis reports, besides its samples, an espeakEVENT_PHONEME per phoneme (its mnemonic,
+e.g. "h", "'oU", "_:", and the output sample it starts at). Reporting them does not change
+a single sample (checked on whole corpora against a build without them); `synthesize`
+simply ignores them.
 
 Determinism: for the same sequence of calls in a fresh process the output is bit-exact.
 It is NOT independent of earlier calls in the same process: the wave generator carries
@@ -22,6 +31,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+from typing import Any
 
 import numpy as np
 
@@ -29,6 +39,11 @@ import numpy as np
 _AUDIO_OUTPUT_SYNCHRONOUS = 2
 # espeakINITIALIZE_DONT_EXIT: return an error instead of calling exit() on bad data.
 _INITIALIZE_DONT_EXIT = 0x8000
+# espeakINITIALIZE_PHONEME_EVENTS: the synth callback also receives one event per phoneme.
+_INITIALIZE_PHONEME_EVENTS = 0x0001
+# espeak_EVENT_TYPE values we read (the others: WORD 1, SENTENCE 2, MARK 3, PLAY 4, END 5,
+# MSG_TERMINATED 6, SAMPLERATE 8 are ignored).
+_EVENT_LIST_TERMINATED, _EVENT_PHONEME = 0, 7
 _POS_CHARACTER = 1
 _CHARS_UTF8 = 1
 # espeak_PARAMETER
@@ -45,6 +60,59 @@ _SYNTH_CALLBACK = ctypes.CFUNCTYPE(
 
 class EspeakError(RuntimeError):
     """libespeak-ng could not be loaded, or rejected a voice, parameter or text."""
+
+
+class _EventId(ctypes.Union):
+    """espeak_EVENT.id: a number (WORD, SENTENCE), a name (MARK, PLAY) or, for PHONEME, the
+    mnemonic in 8 bytes of UTF-8 (NUL-terminated unless it needs all 8)."""
+
+    _fields_ = [("number", ctypes.c_int), ("name", ctypes.c_char_p), ("string", ctypes.c_char * 8)]
+
+
+class Event(ctypes.Structure):
+    """espeak_EVENT of speak_lib.h (API revision 12): 40 bytes on 64-bit, `id` at offset 32.
+
+    audio_position is milliseconds from the start of the synthesis, truncated; sample is the
+    same instant in output samples at the library's rate (audio_position == sample * 1000
+    // rate, checked by the tests), so it is the one we time phonemes by.
+    """
+
+    _fields_ = [
+        ("type", ctypes.c_int),
+        ("unique_identifier", ctypes.c_uint),
+        ("text_position", ctypes.c_int),
+        ("length", ctypes.c_int),
+        ("audio_position", ctypes.c_int),
+        ("sample", ctypes.c_int),
+        ("user_data", ctypes.c_void_p),
+        ("id", _EventId),
+    ]
+
+
+def phoneme_events(events: Any) -> list[tuple[str, int]]:
+    """The phoneme events of one callback's event list, in list order.
+
+    Args:
+      events: the callback's espeak_EVENT array as a ctypes POINTER(Event) (or an Event
+        array), terminated by an event of type 0; None or NULL: no events.
+
+    Returns:
+      [(mnemonic, start sample at the library's rate)]. The mnemonic is the id's bytes up to
+      the first NUL (at most 8), as UTF-8 (undecodable bytes replaced).
+    """
+    out: list[tuple[str, int]] = []
+    if not events:
+        return out
+    i = 0
+    while events[i].type != _EVENT_LIST_TERMINATED:
+        event = events[i]
+        if event.type == _EVENT_PHONEME:
+            # ctypes reads a char[8] up to its first NUL, or all 8 bytes when the name
+            # fills them (no terminator then).
+            name = event.id.string.decode("utf-8", errors="replace")
+            out.append((name, int(event.sample)))
+        i += 1
+    return out
 
 
 class _Voice(ctypes.Structure):
@@ -131,14 +199,14 @@ class Espeak:
         lib.espeak_ListVoices.restype = ctypes.POINTER(ctypes.POINTER(_Voice))
         lib.espeak_ng_SetRandSeed.argtypes = [ctypes.c_long]
 
-        rate = lib.espeak_Initialize(
-            _AUDIO_OUTPUT_SYNCHRONOUS, 0, data_path.encode(), _INITIALIZE_DONT_EXIT
-        )
+        options = _INITIALIZE_DONT_EXIT | _INITIALIZE_PHONEME_EVENTS
+        rate = lib.espeak_Initialize(_AUDIO_OUTPUT_SYNCHRONOUS, 0, data_path.encode(), options)
         if rate <= 0:
             raise EspeakError(f"espeak_Initialize failed (code {rate}) with data at {data_path}")
         self.sample_rate: int = rate
         self.version: str = lib.espeak_Info(None).decode()
         self._chunks: list[np.ndarray] = []
+        self._phonemes: list[tuple[str, int]] | None = None  # collected when not None
         # Keep a reference: ctypes callbacks are freed with their Python object.
         self._callback = _SYNTH_CALLBACK(self._on_samples)
         lib.espeak_SetSynthCallback(self._callback)
@@ -150,6 +218,8 @@ class Espeak:
     def _on_samples(self, wav, num_samples, events) -> int:
         if num_samples > 0:
             self._chunks.append(np.ctypeslib.as_array(wav, shape=(num_samples,)).copy())
+        if self._phonemes is not None and events:
+            self._phonemes += phoneme_events(ctypes.cast(events, ctypes.POINTER(Event)))
         return 0  # 0 = continue synthesis
 
     def variants(self) -> list[str]:
@@ -209,18 +279,46 @@ class Espeak:
         `seed` seeds espeak-ng's and libc's random generators (breath noise), so a given
         call sequence is reproducible. Returns (N,) int16 samples at `self.sample_rate`.
         """
+        return self._synthesize(text, seed, collect_phonemes=False)[0]
+
+    def synthesize_with_phonemes(
+        self, text: str, seed: int = 0
+    ) -> tuple[np.ndarray, list[tuple[str, float]]]:
+        """`synthesize`, and the phonemes espeak-ng spoke with the second each starts at.
+
+        The samples are exactly those `synthesize` returns for the same call sequence (the
+        events are reported either way; this only keeps them).
+
+        Returns:
+          ((N,) int16 samples at `self.sample_rate`, [(mnemonic, start seconds)]): espeak-ng
+          phoneme mnemonics in spoken order, pauses included ("_", "_:"; the last one
+          usually starts at the very end, N / sample_rate), starts non-decreasing.
+        """
+        wav, events = self._synthesize(text, seed, collect_phonemes=True)
+        return wav, [(name, sample / self.sample_rate) for name, sample in events]
+
+    def _synthesize(
+        self, text: str, seed: int, collect_phonemes: bool
+    ) -> tuple[np.ndarray, list[tuple[str, int]]]:
+        """(samples, [(mnemonic, start sample)] or [] unless collect_phonemes)."""
         if self._voice is None:
             raise EspeakError("no voice selected: call set_voice() first")
         self._lib.espeak_ng_SetRandSeed(seed)
         if self._libc is not None:
             self._libc.srand(ctypes.c_uint(seed & 0xFFFFFFFF))
         self._chunks = []
+        self._phonemes = [] if collect_phonemes else None
         data = text.encode("utf-8") + b"\0"
-        err = self._lib.espeak_Synth(data, len(data), 0, _POS_CHARACTER, 0, _CHARS_UTF8, None, None)
-        if err != _EE_OK:
-            raise EspeakError(f"espeak_Synth failed (error {err}) for text {text!r}")
-        self._lib.espeak_Synchronize()
-        chunks, self._chunks = self._chunks, []
+        try:
+            err = self._lib.espeak_Synth(
+                data, len(data), 0, _POS_CHARACTER, 0, _CHARS_UTF8, None, None
+            )
+            if err != _EE_OK:
+                raise EspeakError(f"espeak_Synth failed (error {err}) for text {text!r}")
+            self._lib.espeak_Synchronize()
+            chunks, events = self._chunks, self._phonemes or []
+        finally:
+            self._chunks, self._phonemes = [], None
         if not chunks:
-            return np.zeros(0, np.int16)
-        return np.concatenate(chunks).astype(np.int16, copy=False)
+            return np.zeros(0, np.int16), events
+        return np.concatenate(chunks).astype(np.int16, copy=False), events

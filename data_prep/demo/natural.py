@@ -9,7 +9,8 @@ Writes, as the demo synthesizer writes its splits:
     DIR/test_natural_noisy/{manifest.jsonl,audio/*.wav}
 The two hold the same sentences in the same voices; each noisy file is its clean twin with
 white or brown noise added at an SNR drawn from 15-25 dB (the manifest rows of the noisy
-split carry `snr_db` and `noise`). The sentences' source is used by no training split of
+split carry `snr_db` and `noise`; both carry the synthesizer's `phonemes` and
+`phoneme_ends`). The sentences' source is used by no training split of
 the demo, so the splits measure what the issue of natural speech asks: speech unlike the
 demo grammar, from unseen voices, with and without noise. Planning is deterministic in
 --seed; rendering is data_prep.demo.synth's (byte-identical for any --workers).
@@ -103,15 +104,17 @@ def build(output: str, utterances: int = 100, seed: int = 0, workers: int | None
         os.makedirs(os.path.join(output, split, "audio"))
     t0 = time.monotonic()
     chunks = [utts[i : i + synth.CHUNK_SIZE] for i in range(0, len(utts), synth.CHUNK_SIZE)]
-    samples = synth._render_all(output, utts, chunks, workers or os.cpu_count() or 1, t0)
+    rendered = synth._render_all(output, utts, chunks, workers or os.cpu_count() or 1, t0)
     rows = {CLEAN: [], NOISY: []}
     for u in utts:
         clean, _ = sf.read(os.path.join(output, CLEAN, u.audio_filepath), dtype="int16")
         noisy, snr, noise = add_noise(clean, u.seed + 1)
         path = u.audio_filepath.replace(CLEAN, NOISY)
         sf.write(os.path.join(output, NOISY, path), noisy, synth.SAMPLE_RATE, subtype="PCM_16")
-        row = {"text": u.text, "duration": samples[u.utt_id] / synth.SAMPLE_RATE}
+        num_samples, phoneme_fields = rendered[u.utt_id]
+        row = {"text": u.text, "duration": num_samples / synth.SAMPLE_RATE}
         row["speaker"] = u.speaker
+        row.update(phoneme_fields)  # the noisy twin has the clean one's timing
         rows[CLEAN].append({"audio_filepath": u.audio_filepath, **row})
         rows[NOISY].append({"audio_filepath": path, **row, "snr_db": snr, "noise": noise})
     for split, split_rows in rows.items():

@@ -5,8 +5,14 @@
 
 Writes, for each split in (train, dev, test):
     DIR/<split>/audio/<split>-<speaker>-<n>.wav   16 kHz mono PCM16
-    DIR/<split>/manifest.jsonl                    {"audio_filepath", "text", "duration", "speaker"}
+    DIR/<split>/manifest.jsonl                    {"audio_filepath", "text", "duration", "speaker",
+                                                   "phonemes", "phoneme_ends"}
 and DIR/corpus_info.json (per-split utterances, hours, speakers, distinct words; seed; versions).
+"phonemes" are the espeak-ng phoneme mnemonics spoken, space-separated, with "_" for every
+pause and for the edge silences (e.g. "_ h @ l 'oU _"); "phoneme_ends" the second each one
+ends at in the WAV (rounded to 0.1 ms, non-decreasing, the last exactly "duration"): the
+timing espeak-ng reports, mapped through the trimming and edge silences
+(`data_prep.demo.phonemes`). They are what text-to-speech training learns durations from.
 
 Speakers are espeak-ng English accents x voice variants x a base rate/pitch/range. Test and
 dev speakers are held out: their variants (timbres) never occur in train, though their
@@ -40,12 +46,15 @@ import numpy as np
 import soundfile as sf
 import soxr
 
-from data_prep.demo import espeak, make_texts
+from data_prep.demo import espeak, make_texts, phonemes
 from data_prep.demo import sentences as sentences_lib
 from data_prep.demo.speakers import ACCENTS, SPEAKERS, Speaker  # noqa: F401 (this module's API)
 from jaxspeech import files
 
-# Bump when anything that changes the output (speakers, planning, rendering) changes.
+# Bump when anything that changes the audio or transcripts (speakers, planning, rendering)
+# changes. The manifests' phoneme fields did not bump it: the audio and transcripts are
+# byte-identical to those of version 3 without them, and the version is only checked to
+# refuse rebuilding a directory built otherwise; a consumer tells by their presence.
 GENERATOR_VERSION = 3  # 2: 48 train speakers (was 24); 3: natural training sentences
 SAMPLE_RATE = 16_000
 SPLITS = ("train", "dev", "test")
@@ -221,14 +230,16 @@ def _chunks(plan: Sequence[Utterance]) -> list[list[Utterance]]:
 # ---------------------------------------------------------------------------------------
 
 
-def render(utt: Utterance, tts: espeak.Espeak) -> np.ndarray:
+def render(utt: Utterance, tts: espeak.Espeak) -> tuple[np.ndarray, phonemes.Alignment]:
     """Synthesize, resample to 16 kHz, set edge silences, level and noise floor.
 
-    Returns (N,) int16 samples at SAMPLE_RATE.
+    Returns:
+      ((N,) int16 samples at SAMPLE_RATE, the phonemes spoken and the second each ends at
+      in those samples: see `data_prep.demo.phonemes.align`).
     """
     tts.set_voice(utt.voice, utt.variant)
     tts.set_prosody(utt.rate, utt.pitch, utt.pitch_range)
-    raw = tts.synthesize(utt.spoken, seed=utt.seed)
+    raw, events = tts.synthesize_with_phonemes(utt.spoken, seed=utt.seed)
     if raw.size == 0:
         raise RuntimeError(f"espeak-ng produced no audio for {utt.utt_id}: {utt.spoken!r}")
     x = soxr.resample(raw.astype(np.float32) / 32768.0, tts.sample_rate, SAMPLE_RATE, "HQ")
@@ -248,19 +259,30 @@ def render(utt: Utterance, tts: espeak.Espeak) -> np.ndarray:
     # and never occurs in real recordings).
     noise = np.random.default_rng(utt.seed).standard_normal(len(y)).astype(np.float32)
     y += noise * np.float32(10 ** (utt.noise_db / 20))
-    return np.clip(np.round(y * 32767.0), -32768, 32767).astype(np.int16)
+    samples = np.clip(np.round(y * 32767.0), -32768, 32767).astype(np.int16)
+    # soxr's one-shot resampling is delay-compensated: output sample i is at i / SAMPLE_RATE
+    # seconds of espeak-ng's output, the time base of its events.
+    alignment = phonemes.align(
+        events,
+        speech_start_s=int(start) / SAMPLE_RATE,
+        speech_s=int(stop - start) / SAMPLE_RATE,
+        lead_s=lead / SAMPLE_RATE,
+        duration_s=len(samples) / SAMPLE_RATE,
+    )
+    return samples, alignment
 
 
-def _render_chunk(task: tuple[str, list[Utterance]]) -> list[tuple[str, int]]:
-    """Worker: render a chunk into OUTPUT/<split>/audio; returns (utt_id, num_samples)."""
+def _render_chunk(task: tuple[str, list[Utterance]]) -> list[tuple[str, int, dict]]:
+    """Worker: render a chunk into OUTPUT/<split>/audio; returns (utt_id, num_samples,
+    the manifest's phoneme fields) per utterance."""
     output, utts = task
     tts = espeak.Espeak.get()  # one initialization per worker process
     out = []
     for utt in utts:
-        samples = render(utt, tts)
+        samples, alignment = render(utt, tts)
         path = os.path.join(output, utt.split, utt.audio_filepath)
         sf.write(path, samples, SAMPLE_RATE, subtype="PCM_16", format="WAV")
-        out.append((utt.utt_id, len(samples)))
+        out.append((utt.utt_id, len(samples), phonemes.manifest_fields(alignment)))
     return out
 
 
@@ -332,28 +354,28 @@ def _words(texts) -> set[str]:
 
 def _render_all(
     output: str, plan: Sequence[Utterance], chunks: list[list[Utterance]], workers: int, t0: float
-) -> dict[str, int]:
+) -> dict[str, tuple[int, dict]]:
     """Renders every chunk, each in a fresh spawned process, printing progress about ten times.
 
     Returns:
-      {utterance id: number of samples written}.
+      {utterance id: (number of samples written, its manifest phoneme fields)}.
     """
-    num_samples: dict[str, int] = {}
+    rendered: dict[str, tuple[int, dict]] = {}
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(min(workers, len(chunks)), maxtasksperchild=1) as pool:
         done_s, report_every, next_report = 0.0, max(1, len(chunks) // 10), 0
         for k, results in enumerate(pool.imap(_render_chunk, [(output, c) for c in chunks])):
-            for utt_id, n in results:
-                num_samples[utt_id] = n
+            for utt_id, n, fields in results:
+                rendered[utt_id] = (n, fields)
                 done_s += n / SAMPLE_RATE
             if k >= next_report or k == len(chunks) - 1:
                 next_report = k + report_every
                 print(
-                    f"  {len(num_samples)}/{len(plan)} utterances, {done_s / 3600:.2f} h, "
+                    f"  {len(rendered)}/{len(plan)} utterances, {done_s / 3600:.2f} h, "
                     f"{time.monotonic() - t0:.0f} s",
                     flush=True,
                 )
-    return num_samples
+    return rendered
 
 
 def _speaker_info() -> dict:
@@ -371,18 +393,20 @@ def _speaker_info() -> dict:
     }
 
 
-def _write_manifest(output: str, split: str, utts: list[Utterance], num_samples: dict) -> dict:
+def _write_manifest(output: str, split: str, utts: list[Utterance], rendered: dict) -> dict:
     """Writes DIR/<split>/manifest.jsonl; returns the split's corpus_info.json entry."""
     seconds = 0.0
     with files.atomic_open(os.path.join(output, split, "manifest.jsonl")) as f:
         for u in utts:
-            duration = num_samples[u.utt_id] / SAMPLE_RATE
+            num_samples, phoneme_fields = rendered[u.utt_id]
+            duration = num_samples / SAMPLE_RATE
             seconds += duration
             row = {
                 "audio_filepath": u.audio_filepath,
                 "text": u.text,
                 "duration": duration,
                 "speaker": u.speaker,
+                **phoneme_fields,
             }
             f.write(json.dumps(row) + "\n")
     return {
@@ -435,7 +459,7 @@ def build_corpus(
         f"{min(workers, len(chunks))} workers -> {output}",
         flush=True,
     )
-    num_samples = _render_all(output, plan, chunks, workers, t0)
+    rendered = _render_all(output, plan, chunks, workers, t0)
 
     info = {
         "generator": "data_prep.demo.synth",
@@ -446,7 +470,7 @@ def build_corpus(
     }
     for split in SPLITS:
         utts = [u for u in plan if u.split == split]
-        info["splits"][split] = _write_manifest(output, split, utts, num_samples)
+        info["splits"][split] = _write_manifest(output, split, utts, rendered)
     info["distinct_words"] = len(_words(u.text for u in plan))
     natural = {t for t, _ in make_texts.read_sentences(make_texts.SOTU)} if natural_share else set()
     info["natural_sentences"] = {

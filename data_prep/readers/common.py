@@ -51,6 +51,11 @@ class Item(NamedTuple):
     # Columns of the decoded (N, C) audio to keep (then averaged, as every multi-channel
     # input is); None: all of them.
     channels: tuple[int, ...] | None = None
+    # Phonemes spoken and the second each ends at, relative to the item's audio (the
+    # segment); both None when the input has none (data_prep.phoneme_fields; only the
+    # manifest reader reads them).
+    phonemes: tuple[str, ...] | None = None
+    phoneme_ends: tuple[float, ...] | None = None
 
 
 # Positions of items read from several files: file index * this + the item's place in its

@@ -1,5 +1,6 @@
 """The ``manifest`` reader: JSON lines ``{"audio_filepath", "text", "duration", "speaker"}``
-(NeMo's manifests), with NeMo's ``offset`` for segments of longer recordings."""
+(NeMo's manifests), with NeMo's ``offset`` for segments of longer recordings, and optional
+``"phonemes"`` and ``"phoneme_ends"`` for text-to-speech (data_prep.phoneme_fields)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
+from data_prep.phoneme_fields import parse_phoneme_fields
 from data_prep.readers.common import (
     BAD_SEGMENT,
     NO_SPEAKER,
@@ -90,6 +92,9 @@ def parse_manifest_line(line: bytes, line_no: int, name: str, base_dir: str) -> 
     if segment is None:
         return malformed._replace(error=BAD_SEGMENT)
     start, end = segment
+    phonemes, phoneme_ends, phoneme_error = parse_phoneme_fields(
+        entry.get("phonemes"), entry.get("phoneme_ends")
+    )
     return Item(
         id=_manifest_item_id(
             entry, audio_filepath, base_dir, None if entry.get("offset") is None else start
@@ -97,9 +102,12 @@ def parse_manifest_line(line: bytes, line_no: int, name: str, base_dir: str) -> 
         audio_path=full_path,
         text=text,
         speaker=NO_SPEAKER if speaker is None or speaker == "" else str(speaker),
+        error=phoneme_error,  # counted under its own reason, after the line's id is known
         position=line_no,
         start=start,
         end=end,
+        phonemes=phonemes,
+        phoneme_ends=phoneme_ends,
     )
 
 
@@ -119,7 +127,8 @@ def read_manifest(p: beam.Pipeline, cfg: Any) -> beam.PCollection:
     audio paths are relative to the manifest's directory; "speaker" is optional;
     "duration" is not trusted (it is measured from the audio) unless "offset" is given:
     then the item is the segment [offset, offset + duration) of the recording (NeMo's
-    segment manifests; without "duration", to its end)."""
+    segment manifests; without "duration", to its end). Optional "phonemes" and
+    "phoneme_ends" (both or neither) are checked and kept (data_prep.phoneme_fields)."""
     path = cfg.input if is_remote(cfg.input) else os.path.abspath(cfg.input)
     if not FileSystems.exists(path) or (not is_remote(path) and not os.path.isfile(path)):
         raise PrepareError(f"input manifest not found: {path}")

@@ -5,9 +5,13 @@ A record is self-describing bytes, never a pickle:
     b"JSR1" | uint32 little-endian header length | UTF-8 JSON header | audio payload
 
 The JSON header holds ``{id, sample_rate, text, speaker, duration, num_samples,
-audio_format}``. The payload is either raw little-endian int16 PCM (``"pcm_s16le"``,
-the default: decoding is a zero-copy ``np.frombuffer``) or a FLAC stream (``"flac"``:
-roughly half the bytes, costs a decode per read).
+audio_format}``, and for text-to-speech data optionally ``phonemes`` (the phonemes spoken,
+space-separated tokens) with ``phoneme_ends`` (the second each one ends at: one float per
+token, non-decreasing, the last one ``duration``); a record without them has neither key, so
+its bytes are those it had before the fields existed. The payload is either raw
+little-endian int16 PCM (``"pcm_s16le"``, the default: decoding is a zero-copy
+``np.frombuffer``) or a FLAC stream (``"flac"``: roughly half the bytes, costs a decode per
+read).
 
 A split directory ``DIR/<split>/`` holds the shards, ``index.json`` (shard list and totals)
 and ``durations.npy`` (one float32 duration per record, in global record order: shards in
@@ -22,6 +26,7 @@ import io
 import json
 import os
 import struct
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -35,6 +40,7 @@ DURATIONS_FILE = "durations.npy"
 
 _PREFIX = struct.Struct("<4sI")  # magic, header length
 _HEADER_KEYS = ("id", "sample_rate", "text", "speaker", "duration", "num_samples", "audio_format")
+_PHONEME_KEYS = ("phonemes", "phoneme_ends")  # optional, both or neither
 
 
 # ---------------------------------------------------------------------------------------------
@@ -119,6 +125,8 @@ def encode_record(
     text: str,
     speaker: str,
     audio_format: str = "pcm_s16le",
+    phonemes: str | None = None,
+    phoneme_ends: Sequence[float] | None = None,
 ) -> bytes:
     """Serializes one utterance.
 
@@ -129,6 +137,9 @@ def encode_record(
       text: raw transcript (tokenization happens in the training input pipeline).
       speaker: speaker id.
       audio_format: "pcm_s16le" (fast decode) or "flac" (smaller).
+      phonemes: optional, the phonemes spoken as space-separated tokens.
+      phoneme_ends: with phonemes, one end per token in seconds (the caller checks them:
+        data_prep.phoneme_fields).
 
     Returns:
       The record bytes (see the module docstring for the layout).
@@ -147,6 +158,13 @@ def encode_record(
         "num_samples": int(audio_i16.size),
         "audio_format": audio_format,
     }
+    if (phonemes is None) != (phoneme_ends is None):
+        raise ValueError("phonemes and phoneme_ends go together: give both or neither")
+    if phonemes is not None:
+        ends = [float(e) for e in phoneme_ends]
+        if len(phonemes.split(" ")) != len(ends):
+            raise ValueError(f"{len(ends)} phoneme_ends for {len(phonemes.split(' '))} phonemes")
+        header["phonemes"], header["phoneme_ends"] = str(phonemes), ends
     header_bytes = json.dumps(header, ensure_ascii=False).encode("utf-8")
     payload = _encode_payload(audio_i16, sample_rate, audio_format)
     return _PREFIX.pack(MAGIC, len(header_bytes)) + header_bytes + payload
@@ -172,6 +190,8 @@ def _split(data: bytes) -> tuple[dict[str, Any], memoryview]:
         raise ValueError(f"corrupt record: header lacks one of {_HEADER_KEYS}")
     if header["audio_format"] not in AUDIO_FORMATS:
         raise ValueError(f"corrupt record {header['id']!r}: audio_format {header['audio_format']}")
+    if ("phonemes" in header) != ("phoneme_ends" in header):
+        raise ValueError(f"corrupt record {header['id']!r}: phonemes without phoneme_ends")
     return header, view[end:]
 
 
@@ -179,7 +199,8 @@ def decode_header(data: bytes) -> dict[str, Any]:
     """Parses only the JSON header (no audio decode).
 
     Returns:
-      {id, sample_rate, text, speaker, duration, num_samples, audio_format}.
+      {id, sample_rate, text, speaker, duration, num_samples, audio_format}, and
+      {phonemes, phoneme_ends} where the record has them.
 
     Raises:
       ValueError: the bytes are not a record.
@@ -192,14 +213,15 @@ def decode_record(data: bytes) -> dict[str, Any]:
 
     Returns:
       {id: str, audio: (N,) int16 (read-only for pcm_s16le), sample_rate: int, text: str,
-       speaker: str, duration: float seconds}.
+       speaker: str, duration: float seconds}, and where the record has them phonemes:
+       str (space-separated tokens) and phoneme_ends: list of float seconds.
 
     Raises:
       ValueError: corrupt bytes (bad magic, lengths, header or payload).
     """
     header, payload = _split(data)
     audio = _decode_payload(payload, header)
-    return {
+    out = {
         "id": header["id"],
         "audio": audio,
         "sample_rate": header["sample_rate"],
@@ -207,6 +229,10 @@ def decode_record(data: bytes) -> dict[str, Any]:
         "speaker": header["speaker"],
         "duration": float(header["duration"]),
     }
+    for key in _PHONEME_KEYS:
+        if key in header:
+            out[key] = header[key]
+    return out
 
 
 # ---------------------------------------------------------------------------------------------

@@ -181,3 +181,55 @@ def test_missing_split_says_how_to_prepare_it(tmp_path):
     message = str(info.value)
     assert str(tmp_path / "data" / "train" / "index.json") in message
     assert "python -m data_prep.prepare" in message
+
+
+def test_phoneme_fields_round_trip_and_absent_fields_change_nothing():
+    audio = _audio(8000)
+    base = dict(id="u1", audio=audio, sample_rate=16000, text="hello", speaker="s")
+    plain = records.encode_record(**base)
+    # Without the fields: the header of before they existed, byte for byte.
+    header = {
+        "id": "u1",
+        "sample_rate": 16000,
+        "text": "hello",
+        "speaker": "s",
+        "duration": 0.5,
+        "num_samples": 8000,
+        "audio_format": "pcm_s16le",
+    }
+    header_bytes = json.dumps(header, ensure_ascii=False).encode()
+    assert plain == b"JSR1" + struct.pack("<I", len(header_bytes)) + header_bytes + audio.tobytes()
+    assert "phonemes" not in records.decode_record(plain)
+    assert "phonemes" not in records.decode_header(plain)
+    ends = [0.1, 0.2, 0.35, 0.5]
+    data = records.encode_record(**base, phonemes="_ h @ _", phoneme_ends=np.array(ends))
+    rec = records.decode_record(data)
+    assert rec["phonemes"] == "_ h @ _" and rec["phoneme_ends"] == ends
+    np.testing.assert_array_equal(rec["audio"], audio)
+    assert records.decode_header(data)["phoneme_ends"] == ends
+    assert data.endswith(audio.tobytes())
+
+
+def test_phoneme_fields_go_together():
+    base = dict(id="u1", audio=_audio(800), sample_rate=16000, text="hi", speaker="s")
+    with pytest.raises(ValueError, match="both or neither"):
+        records.encode_record(**base, phonemes="a b")
+    with pytest.raises(ValueError, match="both or neither"):
+        records.encode_record(**base, phoneme_ends=[0.05])
+    with pytest.raises(ValueError, match="1 phoneme_ends for 2 phonemes"):
+        records.encode_record(**base, phonemes="a b", phoneme_ends=[0.05])
+    # A header with one field and not the other is corrupt.
+    header = json.dumps(
+        {
+            "id": "x",
+            "sample_rate": 16000,
+            "text": "t",
+            "speaker": "s",
+            "duration": 0.0,
+            "num_samples": 0,
+            "audio_format": "pcm_s16le",
+            "phonemes": "a",
+        }
+    ).encode()
+    with pytest.raises(ValueError, match="phonemes without phoneme_ends"):
+        records.decode_record(b"JSR1" + struct.pack("<I", len(header)) + header)

@@ -140,6 +140,10 @@ def test_natural_splits_are_the_same_speech_clean_and_noisy(tmp_path):
     }
     clean, noisy = rows[natural.CLEAN], rows[natural.NOISY]
     assert [r["text"] for r in clean] == [r["text"] for r in noisy]
+    # Both carry the clean audio's phoneme timing, ending with the audio.
+    for key in ("phonemes", "phoneme_ends"):
+        assert [r[key] for r in clean] == [r[key] for r in noisy]
+    assert all(r["phoneme_ends"][-1] == r["duration"] for r in clean)
     trained = {s.name for s in synth.SPEAKERS}
     assert len({r["speaker"] for r in clean}) == 8 and not {r["speaker"] for r in clean} & trained
     for c, n in zip(clean, noisy):

@@ -144,6 +144,9 @@ def test_report_counts_and_examples(prepared):
     assert report["num_input"] == 18 == report["num_written"] + skipped
     assert report["num_shards"] == 2
     assert report["split"] == "train" and report["format"] == "manifest"
+    # An ASR split: no item has phonemes, so no inventory and no skip for them.
+    assert report["phonemes"] is None
+    assert not os.path.exists(os.path.join(prepared, "train", "phonemes.json"))
     assert report["hours_written"] == pytest.approx(
         (sum(s for _, s in GOOD.values()) + 1.0 + 0.7) / 3600, rel=1e-4
     )

@@ -77,7 +77,14 @@ def test_manifests_and_audio(corpora):
         rows = _manifest(root, split)
         assert rows and infos["w1"]["splits"][split]["utterances"] == len(rows)
         for row in rows:
-            assert list(row) == ["audio_filepath", "text", "duration", "speaker"]
+            assert list(row) == [
+                "audio_filepath",
+                "text",
+                "duration",
+                "speaker",
+                "phonemes",
+                "phoneme_ends",
+            ]
             assert re.fullmatch(r"audio/[a-z]+-[a-z0-9_]+-\d{5}\.wav", row["audio_filepath"])
             utt_id = row["audio_filepath"][len("audio/") : -len(".wav")]
             assert utt_id.startswith(f"{split}-{row['speaker']}-") and utt_id not in ids
@@ -90,6 +97,11 @@ def test_manifests_and_audio(corpora):
             samples, _ = sf.read(path, dtype="int16")
             assert samples.ndim == 1
             assert row["duration"] == pytest.approx(len(samples) / 16000, abs=1e-9)
+            # Phonemes with their ends: edge silences, non-decreasing, ending with the WAV.
+            tokens, ends = row["phonemes"].split(" "), row["phoneme_ends"]
+            assert len(tokens) == len(ends) >= 5 and tokens[0] == tokens[-1] == "_"
+            assert all(t for t in tokens) and ends == sorted(ends) and ends[0] > 0
+            assert ends[-1] == row["duration"] and ends[-2] < ends[-1]
             # Edge silences are at most ~0.2 s: speech starts and ends near the edges.
             loud = np.flatnonzero(np.abs(samples.astype(np.int32)) > 0.01 * 32768)
             assert loud[0] / 16000 < 0.25 and (len(samples) - loud[-1]) / 16000 < 0.25
