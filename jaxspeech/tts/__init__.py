@@ -1,2 +1,4 @@
 """Text-to-speech: a FastSpeech2-style acoustic model (tokens -> log-mel frames) with its
-length regulator and losses. Vocoders, data and training live elsewhere."""
+length regulator and losses, and the vocoders that turn those frames into audio (Griffin-Lim
+on the host; HiFi-GAN's generator, discriminators and losses). Data and training live
+elsewhere."""
