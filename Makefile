@@ -112,8 +112,11 @@ demo: $(DEMO_DATA)/shards/.done $(DEMO_DATA)/shards/.natural
 	    --beam 32 --lm $(DEMO_RUN)/lm/train-3gram.arpa
 
 # JAXSPEECH_REQUIRE_ONNX: the ONNX tests fail, not skip, if the converter is missing.
+# worksteal: each worker starts on one contiguous half of the tests (a module's tests stay
+# together, so its module-scoped fixtures, such as finished tiny runs, are built once, not
+# on both workers) and an idle worker takes tests from the other's queue.
 test: $(VENV)/.installed-dev $(ONNX_VENV)/.installed
-	JAXSPEECH_REQUIRE_ONNX=1 $(PY) -m pytest -q -n 2 --durations=20 tests
+	JAXSPEECH_REQUIRE_ONNX=1 $(PY) -m pytest -q -n 2 --dist worksteal --durations=20 tests
 
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

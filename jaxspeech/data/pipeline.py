@@ -70,6 +70,7 @@ class LoadBatch:
 
     The augmentation of a row draws from ``default_rng([augment_seed, epoch, 4, record])``: the
     same for a record in an epoch however many workers load it and whenever it is resumed.
+    Epochs before ``augment_from_epoch`` are not augmented.
     A record that cannot be read or decoded becomes a padding row marked ``corrupt`` and is
     listed in the batch's "faults"; that depends only on the stored bytes, so the batch
     shapes and the rest of the data stay what they would be.
@@ -84,6 +85,7 @@ class LoadBatch:
         with_text: bool = False,
         augment: Augment | None = None,
         augment_seed: int = 0,
+        augment_from_epoch: int = 0,
         records_in_paths: np.ndarray | None = None,
         retry: reader_lib.RetryPolicy = reader_lib.DEFAULT_RETRY,
     ):
@@ -100,6 +102,7 @@ class LoadBatch:
         self.with_text = with_text
         self.augment = augment
         self.augment_seed = augment_seed
+        self.augment_from_epoch = augment_from_epoch
         self.reader = reader_lib.RecordReader(self.shard_paths, shard_num_records, retry)
         self._tokenizer = None
 
@@ -159,7 +162,7 @@ class LoadBatch:
                 out["corrupt"][row] = 1
                 continue
             audio = reader_lib.audio_float32(rec)
-            if self.augment is not None:
+            if self.augment is not None and planned.epoch >= self.augment_from_epoch:
                 # Tag 4: a stream apart from the plan's (seed, epoch, 1|2|3) ones.
                 rng = np.random.default_rng(
                     [self.augment_seed, planned.epoch, 4, int(indices[row])]
@@ -297,13 +300,15 @@ def make_pipeline(
     prefetch: int = 2,
     speeds: Sequence[float] = (1.0,),
     augment: Augment | None = None,
+    augment_from_epoch: int = 0,
     with_text: bool | None = None,
     retry: reader_lib.RetryPolicy = reader_lib.DEFAULT_RETRY,
 ) -> Pipeline:
     """Pipeline over `data_dir/split` prepared by `python -m data_prep.prepare`.
 
     train=True: shuffled, epoch-repeated, with speed perturbation over ``speeds`` and the
-    ``augment`` function applied to every waveform. train=False: one pass in corpus order,
+    ``augment`` function applied to every waveform from epoch ``augment_from_epoch`` on
+    (earlier epochs: neither). train=False: one pass in corpus order,
     no augmentation. The corpus is split into ``loader_shards`` (0: one per process; else
     a multiple of ``process_count``) by `owned_records`; each process serves a contiguous
     run of them and reads only their records. Batches carry "text" and "id" lists when
@@ -338,6 +343,7 @@ def make_pipeline(
         shards=mine,
         num_epochs=None if train else 1,
         speeds=speeds if train else (1.0,),
+        augment_from_epoch=augment_from_epoch,
     )
     paths, counts, by_file = _checked_files(index, mine, num_shards)
     load = LoadBatch(
@@ -348,6 +354,7 @@ def make_pipeline(
         with_text=not train if with_text is None else with_text,
         augment=augment if train else None,
         augment_seed=seed,
+        augment_from_epoch=augment_from_epoch,
         records_in_paths=np.sort(np.concatenate([owners[q] for q in mine])) if by_file else None,
         retry=retry,
     )

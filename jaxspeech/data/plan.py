@@ -111,6 +111,8 @@ class BatchPlan:
 
     With one speed, every epoch has the same number of batches; with several, epochs differ
     slightly and their starts are found by counting (only bucket counts per epoch, cached).
+    Epochs before ``augment_from_epoch`` are planned without speed perturbation (a recipe
+    that must leave CTC's blank plateau on clean data first).
     """
 
     def __init__(
@@ -124,8 +126,12 @@ class BatchPlan:
         shards: Sequence[int] = (0,),
         num_epochs: int | None = None,
         speeds: Sequence[float] = (1.0,),
+        augment_from_epoch: int = 0,
     ):
         self.spec = spec
+        if augment_from_epoch < 0:
+            raise ValueError(f"augment_from_epoch must be >= 0, got {augment_from_epoch}")
+        self.augment_from_epoch = int(augment_from_epoch)
         self.seed = seed
         self.shuffle = shuffle
         self.owners = [np.arange(len(durations))] if owners is None else list(owners)
@@ -172,7 +178,7 @@ class BatchPlan:
     def _speeds_and_buckets(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         """(N,) speed factor and (N,) bucket (-1: too long) of every record in ``epoch``."""
         n = len(self.samples)
-        if not self.perturbs_speed:
+        if not self.perturbs_speed or epoch < self.augment_from_epoch:
             factors, lengths = np.ones(n), self.samples
         else:
             factors = np.random.default_rng([self.seed, epoch, 1]).choice(self.speeds, n)

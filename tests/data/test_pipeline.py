@@ -211,6 +211,34 @@ def _pipe(root, process_index=0, process_count=1, **kw):
     return pl.make_pipeline(**{**args, **kw})
 
 
+def test_augmentation_starts_at_its_epoch(corpus):
+    """Before augment_from_epoch every row is the record as stored (speed 1, no noise); from
+    it on, speeds are drawn and the augmenter runs (noise on every row here)."""
+    root, by_id = corpus
+    cfg = augment.WaveformAugmentConfig(speeds=(0.9, 1.0, 1.1), noise_prob=1.0)
+    pipe = _pipe(
+        root,
+        speeds=cfg.speeds,
+        augment=augment.WaveformAugmenter(cfg, SR),
+        augment_from_epoch=2,
+        with_text=True,
+    )
+    plan = pipe.plan
+    epochs = {s: plan[s].epoch for s in range(4 * plan.batches_per_epoch)}
+    assert set(epochs.values()) >= {0, 1, 2}
+    assert all(np.all(plan[s].speeds == 1.0) for s in epochs if epochs[s] < 2)
+    assert any(np.any(plan[s].speeds != 1.0) for s in epochs if epochs[s] >= 2)
+    for step in (0, min(s for s in epochs if epochs[s] == 2)):
+        batch = pipe.load(plan[step])
+        for row, uid in enumerate(batch["id"]):
+            if not uid:
+                continue
+            stored = by_id[uid][0].astype(np.float32) / 32768.0
+            got = batch["audio"][row, : batch["audio_len"][row]]
+            same = len(got) == len(stored) and np.array_equal(got, stored)
+            assert same == (plan[step].epoch < 2), (step, uid)
+
+
 @pytest.mark.parametrize("speeds", [(1.0,), (0.9, 1.0, 1.1)])
 def test_two_processes_read_disjoint_shards_covering_everything(corpus, speeds):
     root, by_id = corpus
