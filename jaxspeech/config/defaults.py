@@ -29,6 +29,10 @@ def get_config() -> ConfigDict:
     """A fresh ConfigDict of every key at its default."""
     c = ConfigDict()
     c.seed = 0  # every random stream (init, data order, SpecAugment) derives from it
+    # What the trainer learns: "asr" (the recognizer of config.model) or "tts" (the
+    # synthesizer of config.tts, on records with phonemes and durations); one trainer,
+    # one loop, the task's model and data (jaxspeech.training.task).
+    c.task = "asr"
     # A run directory (its latest checkpoint) or RUN/checkpoints/<step> whose parameters
     # start this run (fine-tuning); used only when the workdir has no checkpoint yet.
     c.init_from = ""
@@ -40,6 +44,7 @@ def get_config() -> ConfigDict:
     _decoding(c)
     _optim(c)
     _distill(c)
+    _tts(c)
     _train(c)
     _monitor(c)
     _mesh(c)
@@ -133,6 +138,9 @@ def _augmentation(c: ConfigDict) -> None:
     c.waveform_aug.reverb_prob = 0.0  # share of utterances convolved with a simulated RIR
     c.waveform_aug.num_rirs = 64  # simulated rooms in the bank (built once per worker, ~25 ms)
     c.waveform_aug.rt60 = (0.2, 0.8)  # seconds: living room to hall
+    # The first epoch augmented (0: from the start): earlier epochs are clean, so that a short
+    # CTC recipe leaves its blank plateau before the augmentation makes fitting harder.
+    c.waveform_aug.start_epoch = 0
 
 
 def _model(c: ConfigDict) -> None:
@@ -306,6 +314,39 @@ def _distill(c: ConfigDict) -> None:
     c.distill.rest = "spread"
     c.distill.temperature = 1.0  # of both distributions; the loss is scaled by its square
     c.distill.weight = 1.0  # of the per-frame soft-target loss against the per-token CTC loss
+
+
+def _tts(c: ConfigDict) -> None:
+    # config.task = "tts": FastSpeech2 (jaxspeech/tts/model.py) on the phonemes and phoneme
+    # ends of the records (data_prep --require_phonemes), one speaker embedding per train
+    # speaker; its targets are the recognizer's features (config.features, normalized by
+    # the train split's statistics). data.max_tokens_per_second pads the phonemes.
+    c.tts = ConfigDict()  # the synthesizer (config.task = "tts"; jaxspeech.training.tts_task)
+    c.tts.model = ConfigDict()  # FastSpeech2's arguments; the defaults are its own
+    c.tts.model.dim = 256  # model width of the encoder, decoder and embeddings
+    c.tts.model.num_heads = 2  # attention heads; dim must be a multiple
+    c.tts.model.encoder_layers = 4  # Conformer blocks over the phonemes
+    c.tts.model.decoder_layers = 4  # Conformer blocks over the frames
+    c.tts.model.ff_mult = 4  # feed-forward hidden units = ff_mult * dim
+    c.tts.model.conv_kernel = 7  # the blocks' depthwise convolution (odd)
+    c.tts.model.variance_channels = 256  # duration, pitch and energy predictors' width
+    c.tts.model.variance_kernel = 3  # their convolutions (odd)
+    c.tts.model.embed_kernel = 9  # the pitch and energy embeddings' convolution (odd)
+    c.tts.model.dropout = 0.1  # ESPnet's FastSpeech2 uses 0.1-0.2
+    # Weights of jaxspeech.tts.losses.fastspeech2_loss's parts: mel L1 (normalized log-mel),
+    # and the squared errors of log(1 + duration), token pitch and token energy.
+    c.tts.loss = ConfigDict()  # the objective's weights
+    c.tts.loss.mel_weight = 1.0  # mel L1 (normalized features)
+    c.tts.loss.duration_weight = 1.0  # log(1 + frames) squared error
+    c.tts.loss.pitch_weight = 1.0  # normalized log-F0 squared error
+    c.tts.loss.energy_weight = 1.0  # token energy squared error
+    # Evaluation synthesizes this many utterances of each split with predicted durations
+    # and scores their MCD-DTW (dB) against the real features (0 = none): DTW is quadratic
+    # in frames, and a few utterances track training.
+    c.tts.mcd_utterances = 4
+    # Train utterances whose voiced frames set the log-F0 normalization (mean, std), read
+    # once into RUN/assets/pitch_stats.json: evenly spaced over the split.
+    c.tts.pitch_utterances = 256
 
 
 def _train(c: ConfigDict) -> None:

@@ -42,11 +42,14 @@ __all__ = ["CHOICES", "FILES", "RANGES", "mistakes", "split_names", "validate"]
 # What jaxspeech.training.optim builds (it sits above this layer).
 OPTIMIZERS = ("adamw",)
 DECAYS = ("cosine", "noam", "constant")
+# What jaxspeech.training.task trains (config.task).
+TASKS = ("asr", "tts")
 
 # key -> its allowed values, from the code that reads the key. decoding.method is checked
 # by jaxspeech.decoding.search and the sync keys by jaxspeech.parallel.sync (their own
 # lines); the others here.
 CHOICES: dict[str, tuple] = {
+    "task": TASKS,
     "features.kind": mfcc.FEATURE_KINDS,
     "model.encoder": tuple(ENCODERS),
     "model.head": asr.HEADS,
@@ -94,7 +97,7 @@ def mistakes(config: ConfigDict, *, devices: int | None = None) -> list[str]:
     # stays as given (its entries are checked whole by `rules.rules_from_config`).
     table = defaults.lookup(config, "mesh.rules")
     view = defaults.fill_missing(ConfigDict(config.to_dict())) if missing else config
-    for check in (_data, _features, _augmentation, _model, _decoding, _distill, _train):
+    for check in (_data, _features, _augmentation, _model, _decoding, _distill, _tts, _train):
         check(view, out.append)
     _mesh_and_sync(view, table, devices, out.append)
     return out
@@ -386,6 +389,31 @@ def _distill(c: ConfigDict, report: Report) -> None:
     _choice(c, "distill.loss", report)
     _choice(c, "distill.rest", report)
     ranges.check(c, under("distill."), report)
+
+
+def _tts(c: ConfigDict, report: Report) -> None:
+    """config.task: a known task; with "tts", the synthesizer's settings (checked only
+    then) and what it needs of the shared ones: log-mel targets, all-reduce learners, no
+    pipeline stages, no distillation."""
+    if not _choice(c, "task", report) or c.task != "tts":
+        return
+    if ranges.check(c, under("tts."), report):
+        m = c.tts.model
+        if m.dim % m.num_heads:
+            heads = m.num_heads
+            report(f"tts.model.dim must be a multiple of tts.model.num_heads={heads}, got {m.dim}")
+        for name in ("conv_kernel", "variance_kernel", "embed_kernel"):
+            if m[name] % 2 == 0:  # 'same' padding of an even kernel shifts the sequence
+                report(f"tts.model.{name} must be odd (a centred convolution), got {m[name]}")
+    needs = {
+        "features.kind": ("log_mel", "the synthesizer predicts log-mel frames"),
+        "sync.strategy": ("allreduce", "its objective is a mean over the global batch"),
+        "mesh.stage": (1, "pipeline stages split the recognizer's encoder"),
+        "distill.other_split": ("", "distillation trains a recognizer"),
+    }
+    for key, (value, why) in needs.items():
+        if get(c, key) != value:
+            report(f"task=tts needs {key}={value!r} ({why}), got {show(get(c, key))}")
 
 
 def _train(c: ConfigDict, report: Report) -> None:

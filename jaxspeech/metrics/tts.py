@@ -97,6 +97,28 @@ def mel_cepstrum(
     return ceps[1:].T
 
 
+def mel_cepstrum_of_log_mel(
+    log_mel_tf: np.ndarray,
+    *,
+    num_coeffs: int = 24,
+    log_floor: float = 1e-6,
+    floor_db: float = 80.0,
+) -> np.ndarray:
+    """(T, M) log-mel frames of our front end (natural log of mel power + `log_floor`,
+    `jaxspeech.audio.features.log_mel`) -> (T, C) cepstra c1..cC, as `mel_cepstrum`
+    computes them from a waveform: the same floor `floor_db` below the loudest band, the
+    log of the mel amplitude and the orthonormal DCT-II. For a synthesizer's predicted
+    frames, which have no waveform (no vocoder in the loop)."""
+    x = np.asarray(log_mel_tf, dtype=np.float64)
+    if x.ndim != 2 or 0 in x.shape or not np.all(np.isfinite(x)):
+        raise ValueError(f"log-mel must be non-empty finite (frames, bins), got {x.shape}")
+    power = np.maximum(np.exp(x) - log_floor, 0.0)
+    floor = max(float(power.max()) * 10.0 ** (-floor_db / 10.0), _POWER_FLOOR)
+    log_amplitude = 0.5 * np.log(np.maximum(power, floor))
+    ceps = librosa.feature.mfcc(S=log_amplitude.T, n_mfcc=num_coeffs + 1, dct_type=2, norm="ortho")
+    return ceps[1:].T
+
+
 def dtw_path(cost: np.ndarray) -> np.ndarray:
     """(N, M) local costs -> (K, 2) int (i, j) pairs, increasing, from (0, 0) to (N-1, M-1):
     the monotonic alignment with steps (1, 0), (0, 1), (1, 1) whose summed cost over the

@@ -55,25 +55,35 @@ def install_assets(
         with open(stats_path, "rb") as f:
             files.atomic_write(os.path.join(assets, "stats.json"), f.read())
         os.replace(dst_tok + ".tmp", dst_tok)
-    _wait_for(dst_tok)
+    wait_for(dst_tok)
     if Tokenizer.load(src_tok).vocab_size != Tokenizer.load(dst_tok).vocab_size:
         raise UserError(
             f"the tokenizer in {src_tok} differs from this run's ({dst_tok}); "
             "use a new --workdir for a re-prepared corpus"
         )
-    with open(os.path.join(assets, "stats.json")) as f:
+    mean, std = feature_stats(config, os.path.join(assets, "stats.json"), stats_path)
+    return dst_tok, mean, std
+
+
+def feature_stats(config: ConfigDict, path: str, source: str) -> tuple[np.ndarray, np.ndarray]:
+    """(mean (F,), std (F,)) of the run's stats.json at `path` (copied from `source`),
+    checked against config.features.
+
+    Raises:
+      UserError: the statistics are of other features than the config's.
+    """
+    with open(path) as f:
         stats = json.load(f)
     differ = feature_differences(stats["feature"], build.feature_config(config).as_dict())
     if differ:
         got = ", ".join(f"{k}={v!r}" for k, (v, _) in differ.items())
         want = ", ".join(f"features.{k}={v!r}" for k, (_, v) in differ.items())
         raise UserError(
-            f"feature statistics in {stats_path} were computed with {got}, but the config "
+            f"feature statistics in {source} were computed with {got}, but the config "
             f"asks for {want}; re-run data_prep.prepare with matching feature flags "
             "(--features, --num_ceps, --lifter, --deltas, --num_mel_bins, ...)"
         )
-    mean, std = stats_to_mean_std(stats["count"], stats["sum"], stats["sum_sq"])
-    return dst_tok, mean, std
+    return stats_to_mean_std(stats["count"], stats["sum"], stats["sum_sq"])
 
 
 def feature_differences(recorded: dict, expected: dict) -> dict[str, tuple]:
@@ -92,7 +102,7 @@ def feature_differences(recorded: dict, expected: dict) -> dict[str, tuple]:
     return out
 
 
-def _wait_for(path: str, timeout_s: float = 300.0) -> None:
+def wait_for(path: str, timeout_s: float = 300.0) -> None:
     """Other processes wait for process 0 to install the assets (shared filesystem)."""
     t0 = time.time()
     while not os.path.exists(path):

@@ -48,7 +48,9 @@ from jaxspeech.runs import remote
 
 MODEL, TRAIN, DATA_ITER, META = "model", "train", "data_iter", "meta"
 CORRUPT_DIR = "checkpoints_corrupt"
-BEST_METRIC = "eval_wer"  # `save(metrics=...)` key the best checkpoint is chosen by (lower)
+# `save(metrics=...)` key the best checkpoint is chosen by (lower): the recognizer's dev
+# WER; a synthesizer's run ranks by its dev mel loss ("eval_mel_l1", `Checkpointer(best=)`).
+BEST_METRIC = "eval_wer"
 
 
 class CheckpointError(Exception):
@@ -176,8 +178,8 @@ def all_processes(ok: bool) -> bool:
 class Checkpointer:
     """`ocp.CheckpointManager` with the items above, the save schedule and safe restore.
 
-    Keeps the last `keep` steps plus the `keep_best` with the lowest `eval_wer` metric
-    (steps saved with `metrics={"eval_wer": ...}`).
+    Keeps the last `keep` steps plus the `keep_best` with the lowest `best` metric
+    (steps saved with `metrics={best: ...}`; default "eval_wer").
     """
 
     def __init__(
@@ -190,6 +192,7 @@ class Checkpointer:
         every_minutes: float = 0.0,
         async_save: bool = True,
         read_only: bool = False,
+        best: str = BEST_METRIC,
     ):
         """read_only: for readers of a run another process may be writing (evaluation,
         init_from): no directory is created and no temporary save is cleaned up."""
@@ -207,8 +210,8 @@ class Checkpointer:
         if keep_best:
             keep_policies.append(
                 policies.BestN(
-                    get_metric_fn=lambda m: m[BEST_METRIC],
-                    reverse=True,  # keeps the last n of the sorted list: the lowest WERs
+                    get_metric_fn=lambda m: m[best],
+                    reverse=True,  # keeps the last n of the sorted list: the lowest values
                     n=keep_best,
                     keep_checkpoints_without_metrics=False,
                 )

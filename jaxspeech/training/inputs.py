@@ -151,6 +151,8 @@ def _split_pipeline(config, data_dir, split, spec, augmenter, tokenizer_dir, *, 
             prefetch=config.data.prefetch,
             speeds=augmenter.cfg.speeds if augmenter and speed else (1.0,),
             augment=augmenter,
+            # A run from before the key: augmentation from the start, as it was then.
+            augment_from_epoch=int(defaults.lookup(config, "waveform_aug.start_epoch")),
             with_text=bool(config.monitor.log_batch_ids),
             retry=build.retry_policy(config),
         )

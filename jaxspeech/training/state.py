@@ -10,7 +10,9 @@ optimizer state under its own key of `params` / `opt_state`, with a matching tre
 optimizers in its setup; pipeline stages shard the same leaves over the stage axis.
 
 Trees are pure nested dicts: `params` (the `nnx.Param`s), `model_vars` (the front end's
-`FeatureStats`: {"frontend": {"mean", "std"}}) and the optax state.
+`FeatureStats`: {"frontend": {"mean", "std"}}; a synthesizer's also {"pitch": {"mean",
+"std"}}, its targets' statistics, `training.tts_task`) and the optax state.
+`init_train_state` builds the recognizer's; `state_on_mesh` any model's from its spec.
 """
 
 from __future__ import annotations
@@ -153,9 +155,9 @@ def init_train_state(
     *,
     tx: optax.GradientTransformation | None = None,
 ) -> tuple[TrainState, TrainSetup]:
-    """Parameters (seeded by config.seed), feature statistics and the optimizer of
-    `config.optim` (or `tx`) with its state, all laid out on `mesh`, with the state of
-    `config.sync`'s strategy (jaxspeech.parallel.sync), at step 0.
+    """The recognizer's parameters (seeded by config.seed), feature statistics and the
+    optimizer of `config.optim` (or `tx`) with its state, all laid out on `mesh`, with the
+    state of `config.sync`'s strategy (jaxspeech.parallel.sync), at step 0.
 
     Raises:
       SyncConfigError: a sync strategy this config or mesh cannot serve.
@@ -164,6 +166,22 @@ def init_train_state(
     spec = build.abstract_model(config, vocab_size, mesh)
     params = build.init_params(config, vocab_size, spec, config.seed)
     model_vars = jax.device_put(build.feature_stats(mean_f, std_f), spec.var_shardings)
+    return state_on_mesh(config, strategy, spec, params, model_vars, tx=tx)
+
+
+def state_on_mesh(
+    config: ConfigDict,
+    strategy: sync_lib.Strategy,
+    spec: build.ModelSpec,
+    params: dict,
+    model_vars: dict,
+    *,
+    tx: optax.GradientTransformation | None = None,
+) -> tuple[TrainState, TrainSetup]:
+    """Any model's step-0 `TrainState` and its `TrainSetup`: `params` and `model_vars`
+    (laid out by `spec`), the optimizer of `config.optim` (or `tx`) with its state, and
+    `strategy`'s state."""
+    mesh = spec.mesh
     schedule: optax.Schedule = lambda step: 0.0  # noqa: E731
     if tx is None:
         tx, schedule = optim.make_optimizer(config.optim, int(config.train.num_steps))

@@ -1,6 +1,7 @@
 """The training step: `train_step(state, batch) -> (state, metrics)` for every sync strategy.
 
-`make_train_step` returns a pure function of a `TrainState` and a batch that `jax.jit`
+`make_step` builds it from a task's gradient function (`make_train_step`: the
+recognizer's) and returns a pure function of a `TrainState` and a batch that `jax.jit`
 compiles once per batch shape (`jit_train_step`: the state's shardings in and out, the
 state donated). All-reduce is written here; the other strategies' steps are in
 `jaxspeech.training.sync_step`. Used by the trainer, the benchmarks and the tests alike.
@@ -26,6 +27,8 @@ from jaxspeech.training.state import TrainSetup, TrainState
 from jaxspeech.training.update import guarded_update, step_key, step_metrics
 
 StepFn = Callable[[TrainState, dict], tuple[TrainState, dict]]
+# (params, model_vars, batch, key, step) -> (summed gradients, sums incl. "objective")
+GradsFn = Callable[..., tuple[dict, dict]]
 
 
 def make_train_step(
@@ -40,13 +43,36 @@ def make_train_step(
     grad_accum: int = 1,
     soft: SoftTargets | None = None,
 ) -> StepFn:
-    """(state, batch) -> (state + 1 step, metrics) under `strategy` (default all-reduce;
-    the others need `param_shardings`, see `jaxspeech.training.sync_step`).
+    """The recognizer's step: `make_step` of its objective (`objective.make_grads_fn`,
+    with `soft` targets) over `grad_accum` micro-batches.
 
     With grad_accum = k > 1 the batch is processed as k micro-batches in a `lax.scan`
     (activation memory of one micro-batch); gradients and loss sums accumulate in
     float32 and are normalized once by the whole batch's tokens, so the update equals
     the single-pass one up to summation order.
+    """
+    accumulated = make_accumulated_grads(
+        make_grads_fn(graphdef, blank_id, loss_cfg, soft), grad_accum
+    )
+    return make_step(accumulated, tx, seed, strategy=strategy, param_shardings=param_shardings)
+
+
+def make_step(
+    grads_fn: GradsFn,
+    tx: optax.GradientTransformation,
+    seed: int,
+    *,
+    strategy: sync.Strategy | None = None,
+    param_shardings: dict | None = None,
+) -> StepFn:
+    """(state, batch) -> (state + 1 step, metrics) of any task's objective under `strategy`
+    (default all-reduce; the others need `param_shardings`, see
+    `jaxspeech.training.sync_step`).
+
+    `grads_fn(params, model_vars, batch, key, step) -> (summed gradients, sums)` is the
+    task's objective over the whole batch (the recognizer's: `make_train_step`; the
+    synthesizer's: `jaxspeech.training.tts_objective`); sums hold "objective" and the
+    counts `objective.normalizer` divides it by, so the update is of the per-token mean.
 
     A step whose objective or gradient norm is not finite changes nothing but the step
     count: parameters and optimizer state come back as they went in
@@ -54,18 +80,15 @@ def make_train_step(
     program, so every process skips the same steps. The step's randomness is `seed`
     folded with the step: (seed, step) is the whole RNG state a checkpoint needs.
     """
-    accumulated = make_accumulated_grads(
-        make_grads_fn(graphdef, blank_id, loss_cfg, soft), grad_accum
-    )
     if strategy is not None and strategy.method != "allreduce":
         if param_shardings is None:
             raise ValueError(f"sync.strategy={strategy.method} needs the parameter shardings")
-        return sync_step.make_sync_train_step(accumulated, tx, seed, strategy, param_shardings)
+        return sync_step.make_sync_train_step(grads_fn, tx, seed, strategy, param_shardings)
 
     def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
         step = state.step
         key = jax.random.fold_in(step_key(seed), step)
-        grads, sums = accumulated(state.params, state.model_vars, batch, key, step)
+        grads, sums = grads_fn(state.params, state.model_vars, batch, key, step)
         # Per-token objective: buckets of different batch sizes get the same gradient scale.
         tokens = normalizer(sums)
         grads = jax.tree.map(lambda g: g / tokens, grads)

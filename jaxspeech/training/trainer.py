@@ -2,17 +2,18 @@
 
 `train_and_evaluate` builds a `Trainer` and runs it; the trainer reads top to bottom:
 setup -> assets -> data -> model & optimizer -> restore -> the loop (step, log,
-evaluate, checkpoint, preemption) -> final evaluation. The model, its sharded state and
-the step come from the library (`jaxspeech.config.build`, `jaxspeech.training.state`,
-`jaxspeech.training.step`); this module only drives them. Rerunning in the same RUN
-resumes from the latest checkpoint. Lifecycle events go to RUN/events.jsonl
-(`jaxspeech.runs.events`).
+evaluate, checkpoint, preemption) -> final evaluation. What the run learns is its task's
+(`jaxspeech.training.task`: the recognizer, or `tts_task`'s synthesizer): its assets,
+loader, model, step, evaluation and samples; everything else here is shared by every
+task. The model, its sharded state and the step come from the library
+(`jaxspeech.training.state`, `jaxspeech.training.step`); this module only drives them.
+Rerunning in the same RUN resumes from the latest checkpoint. Lifecycle events go to
+RUN/events.jsonl (`jaxspeech.runs.events`).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 
@@ -24,25 +25,20 @@ from jaxspeech import files, storage
 from jaxspeech.config import build, defaults
 from jaxspeech.config.validate import validate
 from jaxspeech.data import pipeline as pipeline_lib
-from jaxspeech.data.tokenizer import Tokenizer
-from jaxspeech.decoding import search
-from jaxspeech.distill import student
 from jaxspeech.errors import TrainingDiverged, UserError
 from jaxspeech.evaluation import scoring as eval_lib
 from jaxspeech.metrics import perf
 from jaxspeech.metrics.writers import MetricWriter
 from jaxspeech.parallel import mesh as mesh_lib
 from jaxspeech.parallel import rules, sync
-from jaxspeech.runs import assets, events, faults, remote
 from jaxspeech.runs import checkpoint as ckpt_lib
+from jaxspeech.runs import events, faults, remote
 from jaxspeech.runs import lease as lease_lib
 from jaxspeech.runs.events import log
-from jaxspeech.training import batch as batch_lib
-from jaxspeech.training import flops as flops_lib
-from jaxspeech.training import inputs, monitor
+from jaxspeech.training import monitor
 from jaxspeech.training import state as state_lib
 from jaxspeech.training import step as step_lib
-from jaxspeech.training.objective import SoftTargets, make_grads_fn
+from jaxspeech.training import task as task_lib
 from jaxspeech.training.update import micro_batch_key, step_key
 
 
@@ -110,18 +106,17 @@ class Trainer:
             f"devices: {jax.device_count()} x {jax.devices()[0].device_kind}, "
             f"{jax.process_count()} process(es); mesh {dict(mesh.shape)}"
         )
-        self.tokenizer_dir, mean, std = assets.install_assets(
-            config, workdir, every_process=self.copy.remote
-        )
-        self.tokenizer = Tokenizer.load(self.tokenizer_dir)
+        self.task = task_lib.task_from_config(config, mesh)
+        self.task.install_assets(workdir, self.copy.remote)
         self.init_data()
-        self.init_model(mean, std)
+        self.init_model()
         self.ckpt = ckpt_lib.Checkpointer(
             self.copy.url,
             keep=tr.keep_checkpoints,
             keep_best=tr.keep_best,
             every_steps=tr.checkpoint_every,
             every_minutes=tr.checkpoint_minutes,
+            best=self.task.best_metric_name,
         )
         self.rng = np.asarray(jax.random.key_data(step_key(config.seed)))
         self.start = self.restore()
@@ -131,83 +126,48 @@ class Trainer:
             )
         self.preemption = ckpt_lib.Preemption()
         self.train_step = step_lib.jit_train_step(
-            self.setup,
-            step_lib.setup_train_step(self.setup, config, self.tokenizer.blank_id, soft=self.soft),
-            batch_lib.batch_shardings(mesh, soft_targets=self.soft is not None),
-            donate=True,
+            self.setup, self.task.train_step(self.setup), self.task.batch_shardings(), donate=True
         )
         self.compiled: dict[tuple, tuple] = {}  # batch shape -> (executable, model FLOPs)
         self.init_monitoring()
         self.push()  # the config and assets reach the store before any checkpoint
 
     def init_data(self) -> None:
-        """The training loader (with a teacher's soft targets when config.distill names
-        them), its fault budget, and the evaluation splits, all checked before any work."""
+        """The task's training loader, its fault budget, and the evaluation splits, all
+        checked before any work."""
         config = self.config
-        try:
-            self.soft = SoftTargets.from_config(config.get("distill"))
-        except ValueError as e:
-            raise UserError(f"config: {e}") from e
-        extra = None
-        if self.soft is not None:
-            extra = student.targets_filler(config, self.tokenizer)
-        self.train_pipe, augmenter = inputs.train_pipeline(
-            config, self.mesh, self.tokenizer_dir, extra
-        )
-        log(f"train data: {self.train_pipe.describe()}")
-        if augmenter is not None:
-            log(f"waveform augmentation (host): {augmenter.cfg}")
+        self.train_pipe = self.task.train_pipeline()
         self.train_iter = self.train_pipe.iterator()
         self.faults = faults.TrainingFaults(
             self.workdir, self.train_pipe.index, config.data.max_corrupt_fraction, self.events
         )
         self.eval_faults = faults.FaultLog(None, what=f"evaluating {config.data.eval_split}")
         # Mistakes in the evaluation settings stop the run now, not at its first evaluation.
-        self.eval_splits = eval_lib.parse_splits(config.data.eval_split)
-        eval_lib.normalizer_from_config(config)
+        self.task.check_eval_settings()
+        self.eval_splits = self.task.eval_splits
 
-    def init_model(self, mean: np.ndarray, std: np.ndarray) -> None:
-        """The model, its optimizer and sync strategy, laid out on the mesh at step 0."""
-        config = self.config
-        try:
-            search.uses_lm(config)  # checks the decoding method too
-            self.state, self.setup = state_lib.init_train_state(
-                config, self.tokenizer.vocab_size, self.mesh, mean, std
-            )
-        except ValueError as e:  # A bad model, loss, decoding or sync setting.
-            raise UserError(f"config: {e}") from e
+    def init_model(self) -> None:
+        """The task's model, its optimizer and sync strategy, laid out on the mesh at step 0."""
+        self.state, self.setup = self.task.init_state()
         spec = self.setup.spec
         log(
-            f"model: {config.model.encoder} encoder, {config.model.head} head, "
-            f"{config.model.dtype} compute, float32 parameters\n"
+            self.task.describe_model(self.setup)
+            + "\n"
             + rules.describe_shardings(
                 spec.params, spec.param_shardings, self.mesh, spec.param_axes
             )
         )
         log(describe_strategy(self.setup))
-        self.num_steps = int(config.train.num_steps)
+        self.num_steps = int(self.config.train.num_steps)
 
     def init_monitoring(self) -> None:
-        """Decoding for samples and evaluation, the metric writers, MFU and goodput."""
-        config, mon, graphdef = self.config, self.config.monitor, self.setup.spec.graphdef
-        self.decode_fn = search.make_decode_fn(graphdef, config, self.tokenizer.blank_id)
-        self.searcher = search.Searcher(config, self.tokenizer, graphdef)
+        """The metric writers, the task's samples and evaluation, MFU and goodput."""
+        config, mon = self.config, self.config.monitor
         self.writer = MetricWriter(
             os.path.join(self.workdir, "tensorboard"),
             jsonl_path=os.path.join(self.workdir, "metrics.jsonl"),
         )
-        longest = max(self.train_pipe.plan.spec.boundaries)
-        self.samples = monitor.SampleViewer(
-            mesh=self.mesh,
-            decode_fn=self.decode_fn,
-            searcher=self.searcher,
-            features_fn=monitor.make_features_fn(graphdef),
-            tokenizer=self.tokenizer,
-            writer=self.writer,
-            num_samples=mon.num_samples,
-            samples=int(math.ceil(longest * config.features.sample_rate)),
-            seed=config.seed,
-        )
+        self.task.init_monitoring(self.setup, self.writer)
         device_kind = jax.devices()[0].device_kind
         self.peak = perf.peak_flops_per_device(device_kind, config.model.dtype, mon.peak_tflops)
         if not mon.count_flops:
@@ -293,8 +253,6 @@ class Trainer:
         )
 
     # ------------------------------------------------------------------ the loop
-
-    # ------------------------------------------------------------------ the loop
     def run(self) -> dict:
         """Train from the restored step to num_steps (or train.run_steps of them), then
         evaluate. Returns the final evaluation, {} when stopped early, or
@@ -334,7 +292,7 @@ class Trainer:
             mon = self.config.monitor
             if mon.samples_every and done % mon.samples_every == 0:
                 with self.goodput.phase("eval"):
-                    self.samples(done, self.model_params(), self.state.model_vars, local)
+                    self.task.samples(done, self.model_params(), self.state.model_vars, local)
         with self.goodput.phase("checkpoint"):
             self.ckpt.wait()
         self.note_committed()
@@ -397,7 +355,8 @@ class Trainer:
         self.events.write(
             "finished",
             step=num_steps,
-            **{k: result[k] for k in ("split", "wer", "cer") if k in result},
+            **({"split": result["split"]} if "split" in result else {}),
+            **(self.task.headline(result) if result else {}),
         )
         self.close()
         return result
@@ -413,14 +372,7 @@ class Trainer:
                 with jax.set_mesh(self.mesh):
                     lowered = self.train_step.lower(self.state, batch)
                 exe = lowered.compile()
-                flops = None
-                if config.monitor.count_flops:
-                    try:
-                        flops = flops_lib.step_flops(
-                            config, self.tokenizer.vocab_size, self.tokenizer.blank_id, shapes
-                        )
-                    except flops_lib.FlopCountUnavailable as e:  # a metric: train on
-                        log(f"no MFU for batch shape {key}: {e}")
+                flops = self.task.step_flops(shapes) if config.monitor.count_flops else None
                 self.compiled[key] = (exe, flops)
                 log(monitor.describe_compiled(exe, shapes, flops, config.features.sample_rate))
         return self.compiled[key]
@@ -444,7 +396,7 @@ class Trainer:
         report = monitor.write_nonfinite_diagnostics(
             self.workdir,
             done,
-            make_grads_fn(self.setup.spec.graphdef, self.tokenizer.blank_id, self.config.loss),
+            self.task.diagnostic_grads_fn(self.setup),
             micro_batch_key(self.config.seed, done - 1, 0),
             self.state.params,
             self.state.model_vars,
@@ -495,34 +447,21 @@ class Trainer:
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, step: int) -> dict:
-        """WER/CER of each split of config.data.eval_split, to RUN/eval/, TensorBoard and
-        the console. Returns the first split's result: its WER ranks the checkpoints."""
-        config = self.config
+        """The task's scores of each split of config.data.eval_split (WER/CER, or the
+        synthesizer's losses and MCD), to RUN/eval/, TensorBoard and the console. Returns
+        the first split's result: its `task.best_metric` ranks the checkpoints."""
         params = self.model_params()
         results = []
         for split in self.eval_splits:
             with self.goodput.phase("eval"), jax.set_mesh(self.mesh):
-                result = eval_lib.evaluate_split(
-                    config=config,
-                    decode_fn=self.decode_fn,
-                    params=params,
-                    model_vars=self.state.model_vars,
-                    mesh=self.mesh,
-                    data_dir=config.data.dir,
-                    split=split,
-                    tokenizer_dir=self.tokenizer_dir,
-                    fault_log=self.eval_faults,
-                    searcher=self.searcher,
+                result = self.task.evaluate_split(
+                    split, params, self.state.model_vars, self.eval_faults
                 )
             eval_lib.write_result(self.workdir, result, step)
             self.push()
-            self.writer.scalars(
-                step, {f"eval/{split}/wer": result["wer"], f"eval/{split}/cer": result["cer"]}
-            )
-            log(eval_lib.describe_result(result, step))
-            self.events.write(
-                "evaluated", step=step, split=split, wer=result["wer"], cer=result["cer"]
-            )
+            self.writer.scalars(step, self.task.eval_scalars(result))
+            log(self.task.describe_result(result, step))
+            self.events.write("evaluated", step=step, split=split, **self.task.headline(result))
             results.append(result)
         return results[0]
 
@@ -545,7 +484,11 @@ class Trainer:
                     "reason": why,
                     "data_faults": self.faults.budget.state(),
                 },
-                metrics={ckpt_lib.BEST_METRIC: eval_result["wer"]} if eval_result else None,
+                metrics=(
+                    {self.task.best_metric_name: self.task.best_metric(eval_result)}
+                    if eval_result
+                    else None
+                ),
             )
         log(f"checkpoint {done} ({why}): saving in the background ({time.time() - t0:.1f}s)")
         self.events.write("checkpoint_saved", step=done, reason=why)

@@ -10,14 +10,18 @@ import pathlib
 import pytest
 from ml_collections import ConfigDict
 
-from configs import conformer, demo
+from configs import conformer, demo, tts
 from jaxspeech.config import build, defaults, keys
 from jaxspeech.decoding import search
 from jaxspeech.parallel import rules, sync
 
 DEFAULTS_PY = keys.DEFAULTS_PY
 flat = keys.flat
-CONFIG_FILES = {"demo": (demo, demo.VARIANTS), "conformer": (conformer, tuple(conformer.SIZES))}
+CONFIG_FILES = {
+    "demo": (demo, demo.VARIANTS),
+    "conformer": (conformer, tuple(conformer.SIZES)),
+    "tts": (tts, tts.VARIANTS),
+}
 SHIPPED = [(name, v) for name, (_, variants) in CONFIG_FILES.items() for v in variants]
 
 
@@ -47,7 +51,7 @@ def test_configs_override_only_default_keys_each_to_another_value(name):
     source = pathlib.Path(module.__file__)
     tree = ast.parse(source.read_text())
     imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
-    assert "defaults" in imported and not imported & {"demo", "conformer"}
+    assert "defaults" in imported and not imported & set(CONFIG_FILES)
     base = flat(defaults.get_config().to_dict())
     built = [flat(shipped(name, v).to_dict()) for v in variants]
     for key, line in assigned_keys(source).items():

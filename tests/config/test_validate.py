@@ -174,6 +174,16 @@ MISTAKES = [
         [("sync.strategy", "gtc"), ("sync.gtc_tau", float("nan"))],
         "sync.gtc_tau must be >= 0, got nan",
     ),
+    ([("task", "speech")], "task: unknown task 'speech'; choose one of asr, tts"),
+    ([("task", "tts"), ("features.kind", "mfcc")], "task=tts needs features.kind='log_mel'"),
+    ([("task", "tts"), ("sync.strategy", "bmuf")], "task=tts needs sync.strategy='allreduce'"),
+    ([("task", "tts"), ("mesh.stage", 2)], "task=tts needs mesh.stage=1"),
+    ([("task", "tts"), ("distill.other_split", "u")], "task=tts needs distill.other_split=''"),
+    ([("task", "tts"), ("tts.model.conv_kernel", 4)], "tts.model.conv_kernel must be odd"),
+    (
+        [("task", "tts"), ("tts.model.num_heads", 3)],
+        "tts.model.dim must be a multiple of tts.model.num_heads=3, got 256",
+    ),
 ]
 
 

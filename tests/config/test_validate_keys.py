@@ -137,7 +137,12 @@ ENABLE: dict[str, list[tuple[str, object]]] = {
     "sync.block_": [("sync.strategy", "bmuf")],
     "sync.gtc_": [("sync.strategy", "gtc")],
     "sync.outer": [("sync.strategy", "hierarchical"), ("mesh.replica", 2)],
+    "tts.": [("task", "tts")],
 }
+# The walk's configs: the recognizers'. configs/tts.py's keys are walked through ENABLE's
+# task=tts on them; its own task forbids some of ENABLE's settings (sync strategies other
+# than all-reduce, pipeline stages, MFCC, distillation), so it is not a base of the walk.
+WALKED = [(name, variant) for name, variant in SHIPPED if name != "tts"]
 
 KEYS = list(flat(defaults.get_config().to_dict()))
 
@@ -206,7 +211,7 @@ def _enabled(name: str, variant: str, settings: tuple) -> ConfigDict:
     return config
 
 
-@pytest.mark.parametrize("name,variant", SHIPPED, ids=[f"{n}:{v}" for n, v in SHIPPED])
+@pytest.mark.parametrize("name,variant", WALKED, ids=[f"{n}:{v}" for n, v in WALKED])
 def test_every_bad_value_of_every_key_is_one_line_naming_it(name, variant):
     configs: dict[tuple, ConfigDict] = {}
     walked, failures = 0, []

@@ -1,0 +1,61 @@
+r"""Text-to-speech: FastSpeech2 trained by the same trainer as the recognizers
+(`config.task = "tts"`), on the demo corpus's phonemes and durations, on CPU.
+
+Run (after `make demo`'s data preparation: its records carry espeak-ng's phonemes and
+their ends; `python -m data_prep.prepare ... --require_phonemes` for other corpora):
+  python -m jaxspeech.train --config configs/tts.py --workdir runs/tts
+
+The demo corpus holds its dev and test voices out (the recognizer's test of unseen
+speakers), and a synthesizer speaks only its training voices: the default evaluates on
+the train split (fit, not generalization) until the corpus has a split of train voices.
+
+Variants (`--config configs/tts.py:NAME`):
+  (default) a demo-sized FastSpeech2: 2 + 2 Conformer blocks of dim 128, 80 log-mel bins
+            of the recognizer's front end. Not yet measured on the demo corpus.
+  tiny      a seconds-long model for tests (tests/tts/test_training.py); quality is not a
+            goal, learning is (its mel loss falls, its durations fit).
+"""
+
+from ml_collections import ConfigDict
+
+from jaxspeech.config import defaults
+
+VARIANTS = ("default", "tiny")
+
+
+def get_config(arg: str | None = None) -> ConfigDict:
+    variant = arg or "default"
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown configs/tts.py variant {variant!r}: use one of {VARIANTS}")
+    c = defaults.get_config()  # every key, its default and why; what the synthesizer changes:
+    c.task = "tts"
+    c.data.dir = "data/demo/shards"  # written by `python -m data_prep.prepare`
+    c.data.eval_split = "train"  # the demo's dev and test voices are held out (see above)
+    # The demo's utterances are 0.9-6.2 s (configs/demo.py's buckets).
+    c.data.bucket_boundaries = (1.75, 2.25, 2.75, 3.5, 4.5, 6.25)
+    c.data.eval_bucket_boundaries = (3.0, 6.5)  # two compilations of the scoring pass
+    c.tts.model.dim = 128
+    c.tts.model.encoder_layers = 2
+    c.tts.model.decoder_layers = 2
+    c.tts.model.variance_channels = 128
+    if variant == "tiny":
+        c.data.eval_split = "dev"
+        c.data.bucket_boundaries = (2.0,)  # one batch shape: one compilation
+        c.data.batch_seconds = 12.0
+        c.tts.model.dim = 32
+        c.tts.model.encoder_layers = 1
+        c.tts.model.decoder_layers = 1
+        c.tts.model.ff_mult = 2
+        c.tts.model.conv_kernel = 3
+        c.tts.model.variance_channels = 32
+        c.tts.model.embed_kernel = 3
+        c.tts.model.dropout = 0.0
+        c.tts.mcd_utterances = 2
+        c.tts.pitch_utterances = 16
+        c.optim.peak_lr = 3e-3
+        c.optim.warmup_steps = 5
+        c.train.num_steps = 40
+        c.train.log_every = 5
+        c.train.checkpoint_every = 20
+        c.monitor.samples_every = 40  # once, at the end: each costs a compilation
+    return c

@@ -1,0 +1,262 @@
+"""Text-to-speech as a task of the one trainer (`jaxspeech.training.task`): FastSpeech2
+(`jaxspeech.tts.model`) on the phonemes and durations of the train split, one speaker
+embedding per train speaker.
+
+- assets: the phoneme and speaker tables, the pitch and feature statistics
+  (`jaxspeech.runs.tts_assets`), in RUN/assets;
+- data: `jaxspeech.data.tts_batch` over the recognizer's bucket plan (config.data);
+- state: the model's parameters laid out by the run's rules; its `model_vars` are the
+  statistics the targets are normalized by ({"frontend": {"mean", "std"}, "pitch":
+  {"mean", "std"}}: constants that travel in every checkpoint);
+- step: `step.make_step` of `tts_objective.make_tts_grads_fn` (all-reduce);
+- evaluation and samples: `jaxspeech.training.tts_eval`; checkpoints rank by the first
+  eval split's mel L1 ("eval_mel_l1", lower is better).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from ml_collections import ConfigDict
+
+from jaxspeech import storage
+from jaxspeech.config import build
+from jaxspeech.data import reader as reader_lib
+from jaxspeech.data import tts_batch
+from jaxspeech.errors import UserError
+from jaxspeech.evaluation import scoring as eval_lib
+from jaxspeech.metrics.writers import MetricWriter
+from jaxspeech.models import DTYPES
+from jaxspeech.parallel import mesh as mesh_lib
+from jaxspeech.parallel import rules
+from jaxspeech.parallel import sync as sync_lib
+from jaxspeech.runs import tts_assets
+from jaxspeech.runs.events import log
+from jaxspeech.runs.faults import FaultLog
+from jaxspeech.training import state as state_lib
+from jaxspeech.training import step as step_lib
+from jaxspeech.training.tts_eval import TtsEvaluator
+from jaxspeech.training.tts_objective import make_tts_grads_fn
+from jaxspeech.tts.model import FastSpeech2
+
+# The loader's arrays (`jaxspeech.data.tts_batch`) and their ranks: each split by rows.
+TTS_BATCH_RANKS = {
+    "audio": 2,
+    "audio_len": 1,
+    "tokens": 2,
+    "token_len": 1,
+    "durations": 2,
+    "speaker": 1,
+    "pitch": 2,
+    "weight": 1,
+    "label_overflow": 1,
+    "corrupt": 1,
+}
+BEST_METRIC = "eval_mel_l1"
+
+
+def model_arguments(config: ConfigDict, num_phonemes: int, num_speakers: int) -> dict:
+    """FastSpeech2's keyword arguments: config.tts.model, the tables' sizes, the front
+    end's mel bins and model.dtype."""
+    return config.tts.model.to_dict() | {
+        "vocab_size": num_phonemes,
+        "num_speakers": num_speakers,
+        "n_mels": int(config.features.num_mel_bins),
+        "dtype": DTYPES[config.model.dtype],
+    }
+
+
+def model_spec(make: Callable[[int], nnx.Module], model_vars: dict, mesh: Mesh) -> build.ModelSpec:
+    """The abstract, sharded layout of the model `make(seed)` builds, with `model_vars`
+    (host arrays outside the model: the target statistics) replicated."""
+    model = nnx.eval_shape(lambda: make(0))
+    graphdef, params = nnx.split(model, nnx.Param)
+    p_shard = rules.state_shardings(params, mesh)
+    replicated = NamedSharding(mesh, PartitionSpec())
+    v_shard = jax.tree.map(lambda _: replicated, model_vars)
+    return build.ModelSpec(
+        graphdef=graphdef,
+        params=rules.abstract_like(nnx.to_pure_dict(params), p_shard),
+        model_vars=rules.abstract_like(model_vars, v_shard),
+        param_shardings=p_shard,
+        var_shardings=v_shard,
+        param_axes=rules.state_axes(params),
+        mesh=mesh,
+    )
+
+
+def target_stats(assets: tts_assets.TtsAssets) -> dict:
+    """The model_vars: the feature and log-F0 statistics the targets are normalized by."""
+    f32 = lambda x: np.asarray(x, np.float32)  # noqa: E731
+    return {
+        "frontend": {"mean": f32(assets.mean), "std": f32(assets.std)},
+        "pitch": {"mean": f32(assets.pitch_mean), "std": f32(assets.pitch_std)},
+    }
+
+
+class TtsTask:
+    """The synthesizer of config.tts (see the module docstring)."""
+
+    name = "tts"
+    best_metric_name = BEST_METRIC
+
+    def __init__(self, config: ConfigDict, mesh: Mesh):
+        self.config, self.mesh = config, mesh
+        self.cfg = build.feature_config(config)
+
+    # ------------------------------------------------------------------ assets and data
+    def install_assets(self, workdir: str, every_process: bool) -> None:
+        self.workdir = workdir  # samples are written under it
+        self.assets = tts_assets.install_tts_assets(self.config, workdir, every_process)
+        a = self.assets
+        log(
+            f"text-to-speech: {a.table.size} phoneme ids (<pad>, <unk> and the train "
+            f"split's {a.table.size - 2}), {len(a.speakers)} speakers; log F0 mean "
+            f"{a.pitch_mean:.3f} (= {np.exp(a.pitch_mean):.0f} Hz), std {a.pitch_std:.3f}"
+        )
+
+    def train_pipeline(self):
+        config = self.config
+        try:
+            pipe = tts_batch.make_tts_pipeline(
+                data_dir=config.data.dir,
+                split=config.data.train_split,
+                table=self.assets.table,
+                speakers=self.assets.speakers,
+                spec=build.train_bucket_spec(config, self.mesh),
+                hop_length=self.cfg.hop_length,
+                seed=config.seed,
+                train=True,
+                process_index=jax.process_index(),
+                process_count=jax.process_count(),
+                loader_shards=int(config.data.loader_shards),
+                num_workers=config.data.num_workers,
+                prefetch=config.data.prefetch,
+                retry=build.retry_policy(config),
+                with_ids=bool(config.monitor.log_batch_ids),
+            )
+        except (FileNotFoundError, reader_lib.ShardError, ValueError) as e:
+            raise UserError(str(e)) from e
+        log(f"train data: {pipe.describe()}")
+        return pipe
+
+    def check_eval_settings(self) -> None:
+        """The evaluation splits now, not at the first evaluation: each must carry
+        phonemes and only voices of the run's speaker table."""
+        config, tr = self.config, self.config.train
+        self.eval_splits = eval_lib.parse_splits(config.data.eval_split)
+        if not (tr.eval_every or tr.eval_at_end):
+            return
+        data_dir = storage.local_data(config.data.dir, *self.eval_splits)
+        for split in self.eval_splits:
+            try:
+                speakers = set(tts_assets.split_speakers(data_dir, split))
+            except FileNotFoundError as e:  # not prepared: the message says how
+                raise UserError(str(e)) from e
+            tts_assets.read_inventory(data_dir, split)
+            unknown = sorted(speakers - set(self.assets.speakers))
+            if unknown:
+                s = "s" if len(unknown) > 1 else ""
+                raise UserError(
+                    f"{data_dir}/{split} has {len(unknown)} speaker{s} the train split lacks "
+                    f"({', '.join(unknown[:3])}{', ...' if len(unknown) > 3 else ''}): a "
+                    "synthesizer speaks only its training voices; evaluate on a split of "
+                    "train speakers (config.data.eval_split)"
+                )
+
+    # ------------------------------------------------------------------ model and step
+    def make_model(self, seed: int) -> FastSpeech2:
+        a = self.assets
+        kwargs = model_arguments(self.config, a.table.size, len(a.speakers))
+        return FastSpeech2(**kwargs, rngs=nnx.Rngs(params=seed))
+
+    def init_state(self) -> tuple[state_lib.TrainState, state_lib.TrainSetup]:
+        """FastSpeech2 (seeded by config.seed), the target statistics and the optimizer,
+        laid out on the mesh at step 0."""
+        config = self.config
+        stats = target_stats(self.assets)
+        try:
+            strategy = sync_lib.strategy_from_config(config.get("sync"), dict(self.mesh.shape))
+            spec = model_spec(self.make_model, stats, self.mesh)
+        except ValueError as e:  # a bad model or sync setting
+            raise UserError(f"config: {e}") from e
+
+        def init():
+            return nnx.to_pure_dict(nnx.state(self.make_model(config.seed), nnx.Param))
+
+        params = jax.jit(init, out_shardings=spec.param_shardings)()
+        model_vars = jax.device_put(stats, spec.var_shardings)
+        return state_lib.state_on_mesh(config, strategy, spec, params, model_vars)
+
+    def describe_model(self, setup: state_lib.TrainSetup) -> str:
+        m = self.config.tts.model
+        return (
+            f"model: FastSpeech2, {m.encoder_layers} + {m.decoder_layers} Conformer blocks of "
+            f"dim {m.dim}, {self.assets.table.size} phoneme ids, {len(self.assets.speakers)} "
+            f"speakers, {self.config.model.dtype} compute, float32 parameters"
+        )
+
+    def grads_fn(self, setup: state_lib.TrainSetup, grad_accum: int = 1) -> Callable:
+        return make_tts_grads_fn(setup.spec.graphdef, self.cfg, self.config.tts.loss, grad_accum)
+
+    def train_step(self, setup: state_lib.TrainSetup) -> step_lib.StepFn:
+        grads = self.grads_fn(setup, int(self.config.train.grad_accum))
+        return step_lib.make_step(
+            grads,
+            setup.tx,
+            self.config.seed,
+            strategy=setup.strategy,
+            param_shardings=setup.spec.param_shardings,
+        )
+
+    def batch_shardings(self) -> dict:
+        return {k: mesh_lib.batch_sharding(self.mesh, nd) for k, nd in TTS_BATCH_RANKS.items()}
+
+    def diagnostic_grads_fn(self, setup: state_lib.TrainSetup) -> Callable:
+        return self.grads_fn(setup)
+
+    def step_flops(self, shapes: dict) -> float | None:
+        return None  # not counted (logged once by init_monitoring)
+
+    # ------------------------------------------------------------------ monitoring
+    def init_monitoring(self, setup: state_lib.TrainSetup, writer: MetricWriter) -> None:
+        self.writer = writer
+        self.evaluator = TtsEvaluator(self.config, self.mesh, setup.spec.graphdef, self.assets)
+        if self.config.monitor.count_flops:
+            log("MFU: model FLOPs are not counted for config.task=tts")
+
+    def samples(self, step: int, params: dict, model_vars: dict, local: dict) -> None:
+        self.evaluator.samples(step, params, model_vars, local, self.writer, self.workdir)
+
+    def evaluate_split(
+        self, split: str, params: dict, model_vars: dict, fault_log: FaultLog
+    ) -> dict:
+        return self.evaluator.evaluate_split(split, params, model_vars, fault_log)
+
+    def eval_scalars(self, result: dict) -> dict[str, float]:
+        keys = ("mel_l1", "mel_l1_db", "duration_error_frames", "mcd_dtw_db")
+        split = result["split"]
+        return {f"eval/{split}/{k}": result[k] for k in keys if result.get(k) is not None}
+
+    def describe_result(self, result: dict, step: int) -> str:
+        r = result
+        mcd = (
+            f"MCD-DTW {r['mcd_dtw_db']:.2f} dB over {r['mcd_utterances']} synthesized"
+            if r["mcd_dtw_db"] is not None
+            else "no MCD (tts.mcd_utterances=0)"
+        )
+        return (
+            f"eval {r['split']} at step {step}: mel L1 {r['mel_l1']:.4f} ({r['mel_l1_db']:.2f} "
+            f"dB), duration error {r['duration_error_frames']:.2f} frames/phoneme, {mcd} "
+            f"({r['num_utts']} utterances, {r['skipped']} skipped, {r['eval_seconds']:.0f} s)"
+        )
+
+    def headline(self, result: dict) -> dict:
+        return {k: result[k] for k in ("mel_l1", "mcd_dtw_db") if k in result}
+
+    def best_metric(self, result: dict) -> float:
+        return result["mel_l1"]
