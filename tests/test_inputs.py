@@ -38,7 +38,9 @@ def test_read_noise_list_errors(tmp_path, text, message):
 
 def test_waveform_augmenter_from_config(tmp_path):
     config = demo.get_config()
-    assert inputs.waveform_augmenter(config) is None  # The demo leaves it off.
+    aug = inputs.waveform_augmenter(config)  # the demo's: speed and noise from epoch 3
+    assert aug.cfg.speeds == (0.9, 1.0, 1.1) and aug.cfg.noise_prob == 0.5
+    assert inputs.waveform_augmenter(demo.get_config("rnnt")) is None  # measured clean
     tiny = inputs.waveform_augmenter(demo.get_config("tiny"))
     assert tiny.cfg.speeds == (0.9, 1.0, 1.1) and tiny.cfg.reverb_prob == 0.5
     config.waveform_aug.noise_prob = 1.5
@@ -49,3 +51,14 @@ def test_waveform_augmenter_from_config(tmp_path):
     config.waveform_aug.noise_manifest = str(tmp_path / "list.txt")
     with pytest.raises(UserError, match="gone.wav"):
         inputs.waveform_augmenter(config)
+
+
+def test_the_loader_gets_the_first_augmented_epoch(monkeypatch):
+    """config.waveform_aug.start_epoch reaches the pipeline (plan and loader)."""
+    seen = {}
+    monkeypatch.setattr(inputs.pipeline_lib, "make_pipeline", lambda **kw: seen.update(kw))
+    config = demo.get_config()
+    aug = inputs.waveform_augmenter(config)
+    inputs._split_pipeline(config, "data", "train", None, aug, "tok")
+    assert seen["augment_from_epoch"] == 3 and seen["speeds"] == (0.9, 1.0, 1.1)
+    assert seen["augment"] is aug
