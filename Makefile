@@ -1,4 +1,5 @@
-# Two entry points (see README): `make demo` and `make test`. Both idempotent.
+# Two entry points (see README): `make demo` and `make test`. Both idempotent; so is
+# `make demo-tts`, the text-to-speech demo on the same corpus.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -18,10 +19,14 @@ DEMO_NATURAL ?= 80
 # grammar's test split worse at this budget (docs/results.md, section 1a).
 DEMO_NATURAL_SHARE ?= 0
 NATURAL_SPLITS := test_natural_clean test_natural_noisy
+# The text-to-speech demo: FastSpeech2 (configs/tts.py) on the demo corpus's phonemes,
+# evaluated on its tts_heldout split with the recognizer of DEMO_RUN.
+DEMO_TTS_RUN := runs/demo-tts
+DEMO_TTS_CONFIG ?= configs/tts.py
 comma := ,
 space := $(subst ,, )
 
-.PHONY: demo test install install-dev install-onnx install-cuda lint format clean-demo
+.PHONY: demo demo-tts test install install-dev install-onnx install-cuda lint format clean-demo
 
 $(VENV)/bin/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -111,6 +116,37 @@ demo: $(DEMO_DATA)/shards/.done $(DEMO_DATA)/shards/.natural
 	    --split test,$(subst $(space),$(comma),$(NATURAL_SPLITS)) \
 	    --beam 32 --lm $(DEMO_RUN)/lm/train-3gram.arpa
 
+# The text-to-speech split (data_prep/demo/synth.py --tts_heldout: unseen sentences by
+# training speakers), prepared after the others with its phonemes required. A corpus
+# synthesized before the manifests had phonemes (its prepared train split has no
+# phonemes.json) or before this split cannot train or evaluate a synthesizer: one line says
+# to rebuild it (its train, dev and test audio come back byte-identical).
+$(DEMO_DATA)/shards/.tts_heldout: $(DEMO_DATA)/shards/.done
+	@if [ ! -f $(DEMO_DATA)/shards/train/phonemes.json ]; then \
+	  echo "make demo-tts: $(DEMO_DATA) was synthesized before the demo corpus had phonemes: remove it (rm -rf $(DEMO_DATA)) and rerun make demo-tts" >&2; exit 1; \
+	elif [ ! -f $(DEMO_DATA)/raw/tts_heldout/manifest.jsonl ]; then \
+	  echo "make demo-tts: $(DEMO_DATA) was synthesized before the demo corpus had a tts_heldout split: remove it (rm -rf $(DEMO_DATA)) and rerun make demo-tts" >&2; exit 1; \
+	fi
+	$(PY) -m data_prep.prepare --format manifest \
+	    --input $(DEMO_DATA)/raw/tts_heldout/manifest.jsonl --output $(DEMO_DATA)/shards \
+	    --split tts_heldout --tokenizer $(DEMO_TOKENIZER) --require_phonemes $(DEMO_BEAM_ARGS)
+	touch $@
+
+# The recognizer that transcribes the synthesized speech: `make demo`'s run, reused when
+# DEMO_RUN holds one (its config.json), else trained first by `make demo` (after the
+# corpus check above, so that a stale corpus stops the target before any training).
+$(DEMO_RUN)/config.json: | $(DEMO_DATA)/shards/.tts_heldout
+	@echo "make demo-tts: no recognizer run in $(DEMO_RUN): training it first (make demo)"
+	$(MAKE) demo
+
+# Trains the synthesizer (the trainer evaluates it on tts_heldout at the end), then scores
+# the speech it synthesizes for tts_heldout, the recognizer of DEMO_RUN transcribing it.
+demo-tts: $(DEMO_DATA)/shards/.tts_heldout $(DEMO_RUN)/config.json
+	$(PY) -m jaxspeech.train --config $(DEMO_TTS_CONFIG) --workdir $(DEMO_TTS_RUN) \
+	    --config.data.dir=$(DEMO_DATA)/shards
+	$(PY) -m jaxspeech.evaluate --workdir $(DEMO_TTS_RUN) --data $(DEMO_DATA)/shards \
+	    --split tts_heldout --asr_workdir $(DEMO_RUN)
+
 # JAXSPEECH_REQUIRE_ONNX: the ONNX tests fail, not skip, if the converter is missing.
 # worksteal: each worker starts on one contiguous half of the tests (a module's tests stay
 # together, so its module-scoped fixtures, such as finished tiny runs, are built once, not
@@ -125,4 +161,4 @@ format: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff format . && $(VENV)/bin/ruff check --fix .
 
 clean-demo:
-	rm -rf $(DEMO_DATA) $(DEMO_RUN)
+	rm -rf $(DEMO_DATA) $(DEMO_RUN) $(DEMO_TTS_RUN)

@@ -8,7 +8,15 @@ run instead (`jaxspeech.evaluation.watcher`). The run's own tokenizer (RUN/asset
 and normalization statistics (inside the checkpoint) are used, so DIR may be
 any corpus prepared with `python -m data_prep.prepare`.
 
-Flags -> `jaxspeech.evaluation.run.evaluate_splits` (or `jaxspeech.evaluation.watcher.watch`).
+A synthesizer's run (config.task "tts") is evaluated by synthesizing each split's
+sentences for their speakers (`jaxspeech.evaluation.tts_run`): MCD-DTW, wide-band PESQ,
+F0 RMSE, and with `--asr_workdir ASR_RUN` that recognizer's CER / WER on the synthesized
+and on the real speech (intelligibility: an automatic stand-in for MOS); one JSON line per
+split, written to RUN/eval/<split>-step<N>-synthesis.json with -synthesis-utts.jsonl, and
+samples in RUN/eval/samples/ and TensorBoard. `--max_utterances N`: each split's first N.
+
+Flags -> `jaxspeech.evaluation.run.evaluate_splits` (or `jaxspeech.evaluation.watcher.watch`,
+or `jaxspeech.evaluation.tts_run.evaluate_tts_splits`).
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ from absl import app, flags, logging
 
 from jaxspeech import cli, storage
 from jaxspeech.evaluation import run as eval_run
-from jaxspeech.evaluation import scoring, watcher
+from jaxspeech.evaluation import scoring, tts_run, watcher
 from jaxspeech.parallel import mesh as mesh_lib
 
 FLAGS = flags.FLAGS
@@ -28,7 +36,7 @@ FLAGS = flags.FLAGS
 
 def print_result(result: dict) -> None:
     """Examples and the worst utterances to stderr, the scores as one JSON line to stdout."""
-    for ex in result.pop("examples"):
+    for ex in result.pop("examples", []):
         print(f"  ref: {ex['ref']}\n  hyp: {ex['hyp']}", file=sys.stderr)
     for w in result.get("worst", []):
         print(
@@ -40,11 +48,53 @@ def print_result(result: dict) -> None:
     print(json.dumps(result), flush=True)
 
 
+def evaluate_synthesizer(splits: list[str] | None) -> None:
+    """The evaluation of a synthesizer's run (`tts_run.evaluate_tts_splits`); the
+    recognizer-only flags are refused, the decoding flags go to --asr_workdir's run."""
+    if FLAGS.watch:
+        cli.usage_error(
+            f"--watch follows a recognizer's training; {FLAGS.workdir} is a synthesizer's "
+            "run: evaluate its checkpoints one at a time (--step)"
+        )
+    if FLAGS.max_corrupt_fraction is not None:
+        cli.usage_error(
+            "--max_corrupt_fraction is for recognizer runs (a synthesizer's evaluation skips "
+            "and counts unreadable records)"
+        )
+    decoding = cli.decoding_overrides()
+    chosen = FLAGS.method or FLAGS.beam or any(v is not None for v in decoding.values())
+    if chosen and not FLAGS.asr_workdir:
+        cli.usage_error(
+            "the decoding flags choose how --asr_workdir's recognizer decodes: give --asr_workdir"
+        )
+    for result in tts_run.evaluate_tts_splits(
+        FLAGS.workdir,
+        FLAGS.data,
+        splits,
+        FLAGS.step,
+        asr_workdir=FLAGS.asr_workdir,
+        method=FLAGS.method,
+        beam=FLAGS.beam,
+        decoding=decoding,
+        max_utterances=FLAGS.max_utterances,
+    ):
+        print_result(result)
+
+
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         cli.usage_error(f"unexpected arguments: {argv[1:]}")
 
     def job() -> None:
+        splits = scoring.parse_splits(FLAGS.split) if FLAGS.split else None
+        if tts_run.is_tts_run(FLAGS.workdir):
+            evaluate_synthesizer(splits)
+            return
+        if FLAGS.asr_workdir or FLAGS.max_utterances is not None:
+            cli.usage_error(
+                "--asr_workdir and --max_utterances are for a synthesizer's run "
+                f"(config.task=tts); {FLAGS.workdir} is not one"
+            )
         if FLAGS.watch and FLAGS.step is not None:
             cli.usage_error("--step and --watch exclude each other (--watch scores every step)")
         if FLAGS.watch and storage.is_remote(FLAGS.workdir):
@@ -52,7 +102,6 @@ def main(argv: list[str]) -> None:
                 "--watch needs a local run directory (it polls the run's files); evaluate a "
                 "run on an object store without --watch, one step at a time"
             )
-        splits = scoring.parse_splits(FLAGS.split) if FLAGS.split else None
         overrides = (FLAGS.method, FLAGS.beam, FLAGS.max_corrupt_fraction, cli.decoding_overrides())
         if FLAGS.watch:
             watcher.watch(
@@ -101,6 +150,19 @@ if __name__ == "__main__":
         None,
         "Unreadable records of the split allowed, as a fraction; they are skipped and "
         "counted (default: the run's data.max_corrupt_fraction).",
+    )
+    flags.DEFINE_string(
+        "asr_workdir",
+        None,
+        "A synthesizer's run only: a recognizer run (jaxspeech.train) that transcribes the "
+        "synthesized and the real speech; its CER / WER and their ratio measure "
+        "intelligibility (the decoding flags apply to it).",
+    )
+    flags.DEFINE_integer(
+        "max_utterances",
+        None,
+        "A synthesizer's run only: evaluate each split's first N records (default: all).",
+        lower_bound=1,
     )
     logging.set_verbosity(logging.WARNING)  # keep Orbax's per-restore INFO lines off the console
     app.run(main, flags_parser=cli.parse_flags)

@@ -1,6 +1,6 @@
-"""`make demo`'s commands, read with `make -n` (nothing runs): every step reads and writes
-the corpus and run that DEMO_DATA and DEMO_RUN name, so a second corpus (another natural
-share, another size) is trained on, not the default one."""
+"""`make demo`'s and `make demo-tts`'s commands, read with `make -n` (nothing runs): every
+step reads and writes the corpus and runs that DEMO_DATA, DEMO_RUN and DEMO_TTS_RUN name, so
+a second corpus (another natural share, another size) is trained on, not the default one."""
 
 import re
 import shutil
@@ -31,3 +31,44 @@ def test_demo_steps_follow_demo_data_and_demo_run(tmp_path):
     synth = [c for c in commands.splitlines() if "-m data_prep.demo.synth" in c]
     assert len(synth) == 1 and f"--output {data}/raw" in synth[0]
     assert "--natural_share 0.25" in synth[0]
+
+
+def _commands(*args: str) -> list[str]:
+    """`make -n ARGS`'s commands, one line each (a recursive make's included: make runs
+    the lines that call $(MAKE) even with -n, passing -n on)."""
+    out = subprocess.run(
+        ["make", "-n", *args], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    return re.sub(r" *\\\n\s*", " ", out).splitlines()
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_demo_tts_steps(tmp_path):
+    data, run, tts_run = tmp_path / "corpus", tmp_path / "run", tmp_path / "tts"
+    args = ["demo-tts", f"DEMO_DATA={data}", f"DEMO_RUN={run}", f"DEMO_TTS_RUN={tts_run}"]
+    # No recognizer run yet: `make demo` trains it first, then the synthesizer trains.
+    commands = _commands(*args)
+    train = [c for c in commands if "-m jaxspeech.train" in c]
+    assert len(train) == 2 and "--config configs/demo.py" in train[0], train
+    assert f"--workdir {run}" in train[0]
+    # The corpus: a stale one (no phonemes, no tts_heldout split) is named in one line,
+    # then tts_heldout is prepared with its phonemes required.
+    check = [c for c in commands if f"{data}/shards/train/phonemes.json" in c]
+    assert len(check) == 1 and f"rm -rf {data}" in check[0]
+    prepare = [c for c in commands if "-m data_prep.prepare" in c and "tts_heldout" in c]
+    assert len(prepare) == 1 and "--require_phonemes" in prepare[0]
+    assert f"--input {data}/raw/tts_heldout/manifest.jsonl" in prepare[0]
+    assert f"--output {data}/shards" in prepare[0] and "--split tts_heldout" in prepare[0]
+    # A recognizer run exists: reused, only the synthesizer trains.
+    run.mkdir()
+    (run / "config.json").write_text("{}")
+    commands = _commands(*args, "DEMO_TTS_CONFIG=configs/tts.py:tiny")
+    train = [c for c in commands if "-m jaxspeech.train" in c]
+    assert len(train) == 1 and "--config configs/tts.py:tiny" in train[0], train
+    assert f"--workdir {tts_run}" in train[0] and f"--config.data.dir={data}/shards" in train[0]
+    evaluate = [c for c in commands if "-m jaxspeech.evaluate" in c]
+    assert len(evaluate) == 1 and evaluate[0].endswith(
+        f" -m jaxspeech.evaluate --workdir {tts_run} --data {data}/shards "
+        f"--split tts_heldout --asr_workdir {run}"
+    )
+    assert not any("no recognizer run" in c or "configs/demo.py" in c for c in commands)

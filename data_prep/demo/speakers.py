@@ -119,3 +119,18 @@ def _speakers() -> tuple[Speaker, ...]:
 
 
 SPEAKERS = _speakers()
+
+
+def describe() -> dict:
+    """corpus_info.json's "speakers": name -> split, voice and prosody of every speaker."""
+    return {
+        s.name: {
+            "split": s.split,
+            "voice": s.voice,
+            "variant": s.variant,
+            "rate": s.rate,
+            "pitch": s.pitch,
+            "pitch_range": s.pitch_range,
+        }
+        for s in SPEAKERS
+    }

@@ -1,9 +1,9 @@
 """Synthesize the multi-speaker English demo corpus with espeak-ng.
 
     python -m data_prep.demo.synth --output DIR [--hours 3] [--seed 0] [--workers N]
-        [--natural_share 0.5]
+        [--natural_share 0.5] [--tts_heldout 96]
 
-Writes, for each split in (train, dev, test):
+Writes, for each split in (train, dev, test, tts_heldout):
     DIR/<split>/audio/<split>-<speaker>-<n>.wav   16 kHz mono PCM16
     DIR/<split>/manifest.jsonl                    {"audio_filepath", "text", "duration", "speaker",
                                                    "phonemes", "phoneme_ends"}
@@ -23,6 +23,16 @@ the State of the Union addresses (texts/sotu.txt, see make_texts), each used onc
 equal to a dev or test sentence or to a sentence of the natural-text test splits
 (texts/moby_dick.txt); dev and test stay the grammar's, the same for any share.
 
+tts_heldout is the text-to-speech evaluation split (--tts_heldout N utterances, 0: none).
+A synthesizer speaks only the voices it was trained on, so the dev and test voices, held
+out for the recognizer, cannot evaluate it: it needs sentences it never heard, spoken by
+training speakers. The split has N grammar sentences that occur in no other split (nor in
+the natural-text test splits), the training speakers taking turns (two each at the default
+96), each utterance with its speaker's prosody jittered as in train. It is planned after
+everything else (its sentences continue the grammar's stream after train's last, its
+prosody draws come from a stream of its own) and rendered in chunks of its own after the
+others, so train, dev and test are byte-identical with and without it.
+
 Determinism: everything (sentence, speaker, rate, pitch, gain, silences, noise seed) is
 planned in the parent from --seed; workers only render. libespeak-ng carries hidden state
 from one utterance to the next within a process, so utterances are rendered in fixed
@@ -40,7 +50,7 @@ import os
 import random
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import soundfile as sf
@@ -48,6 +58,7 @@ import soxr
 
 from data_prep.demo import espeak, make_texts, phonemes
 from data_prep.demo import sentences as sentences_lib
+from data_prep.demo import speakers as speakers_lib
 from data_prep.demo.speakers import ACCENTS, SPEAKERS, Speaker  # noqa: F401 (this module's API)
 from jaxspeech import files
 
@@ -55,9 +66,16 @@ from jaxspeech import files
 # changes. The manifests' phoneme fields did not bump it: the audio and transcripts are
 # byte-identical to those of version 3 without them, and the version is only checked to
 # refuse rebuilding a directory built otherwise; a consumer tells by their presence.
+# Neither did the tts_heldout split: train, dev and test are byte-identical with and
+# without it, and --tts_heldout is part of the identity (`_identity`) that refuses a
+# rebuild over a corpus built with another value.
 GENERATOR_VERSION = 3  # 2: 48 train speakers (was 24); 3: natural training sentences
 SAMPLE_RATE = 16_000
 SPLITS = ("train", "dev", "test")
+# The optional text-to-speech evaluation split (module docstring): written when
+# --tts_heldout > 0, after the SPLITS.
+TTS_SPLIT = "tts_heldout"
+DEFAULT_TTS_HELDOUT = 96  # the CLI's: two utterances per training speaker
 SPLIT_FRACTIONS = {"train": 0.90, "dev": 0.05, "test": 0.05}
 # Utterances rendered per fresh worker process: large enough to amortize the ~0.4 s
 # process start, small enough to balance two or more workers. Part of the output's
@@ -158,15 +176,49 @@ def estimate_duration(text: str, rate: int) -> float:
     return _EST_INTERCEPT_S + _EST_S_PER_CHAR * len(text) * 175.0 / rate
 
 
+def _utterance(
+    split: str, spk: Speaker, number: int, sentence: sentences_lib.Sentence, rng: random.Random
+) -> Utterance:
+    """Utterance `number` of speaker `spk` in `split`, speaking `sentence`, its prosody,
+    level, silences and seed drawn from `rng` (in this order: the plan's stream rests on it).
+    """
+    # Per-utterance jitter around the speaker's base: about +-10% rate (roughly
+    # 145-205 wpm overall), a few steps of pitch and range.
+    rate = round(spk.rate * rng.uniform(0.9, 1.1))
+    return Utterance(
+        utt_id=f"{split}-{spk.name}-{number:05d}",
+        split=split,
+        speaker=spk.name,
+        voice=spk.voice,
+        variant=spk.variant,
+        text=sentence.text,
+        spoken=sentence.spoken,
+        rate=rate,
+        pitch=min(100, max(0, spk.pitch + rng.randint(-6, 6))),
+        pitch_range=min(100, max(0, spk.pitch_range + rng.randint(-10, 10))),
+        gain_db=round(rng.uniform(-10.0, -1.0), 2),
+        lead_s=round(rng.uniform(0.03, MAX_EDGE_SILENCE_S), 3),
+        trail_s=round(rng.uniform(0.03, MAX_EDGE_SILENCE_S), 3),
+        noise_db=round(rng.uniform(-80.0, -60.0), 1),
+        seed=rng.getrandbits(31),
+    )
+
+
 def plan_corpus(
-    hours: float, seed: int, natural_share: float = 0.0, skipped: dict | None = None
+    hours: float,
+    seed: int,
+    natural_share: float = 0.0,
+    skipped: dict | None = None,
+    tts_heldout: int = 0,
 ) -> list[Utterance]:
-    """All utterances of the corpus in manifest order (test, dev, train).
+    """All utterances of the corpus in manifest order (test, dev, train, tts_heldout).
 
     Each split gets SPLIT_FRACTIONS[split] * hours of (estimated) audio, and at least one
     utterance per speaker; speakers take turns so each has an equal share. A share
     `natural_share` of the training utterances take their sentence from NaturalSentences
-    (the natural sentences passed over are counted into `skipped`, by reason).
+    (the natural sentences passed over are counted into `skipped`, by reason). Then
+    `tts_heldout` utterances of the text-to-speech split (`_plan_tts_heldout`), which
+    leave every utterance before them as it is without them.
     """
     rng = random.Random(f"jaxspeech-synth-plan-{seed}")
     sentences = sentences_lib.SentenceGenerator(seed)
@@ -189,37 +241,51 @@ def plan_corpus(
                 sentence = natural.next_for(round(spk.rate * 0.9))
             else:
                 sentence = next(sentences)
-            # Per-utterance jitter around the speaker's base: about +-10% rate (roughly
-            # 145-205 wpm overall), a few steps of pitch and range.
-            rate = round(spk.rate * rng.uniform(0.9, 1.1))
-            utt = Utterance(
-                utt_id=f"{split}-{spk.name}-{counts[spk.name]:05d}",
-                split=split,
-                speaker=spk.name,
-                voice=spk.voice,
-                variant=spk.variant,
-                text=sentence.text,
-                spoken=sentence.spoken,
-                rate=rate,
-                pitch=min(100, max(0, spk.pitch + rng.randint(-6, 6))),
-                pitch_range=min(100, max(0, spk.pitch_range + rng.randint(-10, 10))),
-                gain_db=round(rng.uniform(-10.0, -1.0), 2),
-                lead_s=round(rng.uniform(0.03, MAX_EDGE_SILENCE_S), 3),
-                trail_s=round(rng.uniform(0.03, MAX_EDGE_SILENCE_S), 3),
-                noise_db=round(rng.uniform(-80.0, -60.0), 1),
-                seed=rng.getrandbits(31),
-            )
+            utt = _utterance(split, spk, counts[spk.name], sentence, rng)
             plan.append(utt)
-            total_s += estimate_duration(utt.text, rate) + utt.lead_s + utt.trail_s
+            total_s += estimate_duration(utt.text, utt.rate) + utt.lead_s + utt.trail_s
     if natural is not None and skipped is not None:
         skipped.update(natural.skipped)
-    return plan
+    return plan + _plan_tts_heldout(tts_heldout, seed, sentences, plan)
+
+
+def _plan_tts_heldout(
+    n: int, seed: int, sentences: Iterator[sentences_lib.Sentence], plan: Sequence[Utterance]
+) -> list[Utterance]:
+    """The `n` utterances of the tts_heldout split, planned after all of `plan`.
+
+    Nothing drawn for `plan` moves: the sentences continue `sentences` (the grammar's
+    stream, which never repeats a sentence, after train drew its last), so the training
+    draw neither loses a sentence to this split nor gains one; the prosody comes from a
+    random stream of its own. A sentence equal to one of `plan` (a natural training
+    sentence can be) or of the natural-text test splits is passed over. The training
+    speakers take turns, in SPEAKERS order.
+    """
+    if n <= 0:
+        return []
+    rng = random.Random(f"jaxspeech-synth-tts-heldout-{seed}")
+    taken = {u.text for u in plan}
+    taken |= {t for t, _ in make_texts.read_sentences(make_texts.MOBY_DICK)}
+    speakers = [s for s in SPEAKERS if s.split == "train"]
+    out = []
+    for i in range(n):
+        sentence = next(sentences)
+        while sentence.text in taken:
+            sentence = next(sentences)
+        spk = speakers[i % len(speakers)]
+        out.append(_utterance(TTS_SPLIT, spk, i // len(speakers) + 1, sentence, rng))
+    return out
 
 
 def _chunks(plan: Sequence[Utterance]) -> list[list[Utterance]]:
-    """Fixed render chunks: per split, consecutive runs of at most CHUNK_SIZE."""
+    """Fixed render chunks: per split, consecutive runs of at most CHUNK_SIZE.
+
+    tts_heldout's chunks come last and hold only its utterances: each chunk renders in a
+    fresh process, so the other splits' chunks, and their audio, are what they are
+    without it.
+    """
     chunks = []
-    for split in SPLITS:
+    for split in (*SPLITS, TTS_SPLIT):
         utts = [u for u in plan if u.split == split]
         chunks += [utts[i : i + CHUNK_SIZE] for i in range(0, len(utts), CHUNK_SIZE)]
     return chunks
@@ -291,15 +357,21 @@ def _render_chunk(task: tuple[str, list[Utterance]]) -> list[tuple[str, int, dic
 # ---------------------------------------------------------------------------------------
 
 
-def _identity(hours: float, seed: int, natural_share: float) -> dict:
+def _identity(hours: float, seed: int, natural_share: float, tts_heldout: int) -> dict:
     """What makes two builds identical (--workers does not change the output)."""
     return {
         "hours_requested": hours,
         "seed": seed,
         "natural_share": natural_share,
+        "tts_heldout": tts_heldout,
         "generator_version": GENERATOR_VERSION,
         "sentences_version": sentences_lib.SENTENCES_VERSION,
     }
+
+
+# Identity keys added after corpora were built without them, and the value such a corpus
+# was built with: a corpus from before the tts_heldout split has none, as --tts_heldout 0.
+_IDENTITY_DEFAULTS = {"tts_heldout": 0}
 
 
 def _prepare_output(output: str, identity: dict) -> None:
@@ -317,7 +389,7 @@ def _prepare_output(output: str, identity: dict) -> None:
     entries = set(os.listdir(output))
     if not entries:
         return
-    ours = set(SPLITS) | {INFO_FILE, PARTIAL_FILE}
+    ours = set(SPLITS) | {TTS_SPLIT, INFO_FILE, PARTIAL_FILE}
     previous = None
     for name in (INFO_FILE, PARTIAL_FILE):
         if name in entries:
@@ -332,7 +404,7 @@ def _prepare_output(output: str, identity: dict) -> None:
             f"--output {output} is not empty and does not hold a synth_demo corpus "
             f"(found: {', '.join(sorted(entries)[:8])}); choose an empty or new directory"
         )
-    found = {k: previous.get(k) for k in identity}
+    found = {k: previous.get(k, _IDENTITY_DEFAULTS.get(k)) for k in identity}
     if found != identity:
         raise FileExistsError(
             f"--output {output} holds a synth_demo corpus built with {found}, not "
@@ -378,21 +450,6 @@ def _render_all(
     return rendered
 
 
-def _speaker_info() -> dict:
-    """corpus_info.json's "speakers": name -> split, voice and prosody of every speaker."""
-    return {
-        s.name: {
-            "split": s.split,
-            "voice": s.voice,
-            "variant": s.variant,
-            "rate": s.rate,
-            "pitch": s.pitch,
-            "pitch_range": s.pitch_range,
-        }
-        for s in SPEAKERS
-    }
-
-
 def _write_manifest(output: str, split: str, utts: list[Utterance], rendered: dict) -> dict:
     """Writes DIR/<split>/manifest.jsonl; returns the split's corpus_info.json entry."""
     seconds = 0.0
@@ -420,10 +477,9 @@ def _write_manifest(output: str, split: str, utts: list[Utterance], rendered: di
 def _print_summary(info: dict, wall: float) -> None:
     """The closing lines: time taken, then per split utterances, hours, speakers, words."""
     print(f"synth_demo: done in {wall:.1f} s")
-    for split in SPLITS:
-        s = info["splits"][split]
+    for split, s in info["splits"].items():
         print(
-            f"  {split:5s} {s['utterances']:6d} utterances {s['hours']:7.3f} h "
+            f"  {split:11s} {s['utterances']:6d} utterances {s['hours']:7.3f} h "
             f"{len(s['speakers']):3d} speakers {s['distinct_words']:6d} distinct words"
         )
     print(f"  distinct words overall: {info['distinct_words']}")
@@ -435,23 +491,31 @@ def build_corpus(
     seed: int = 0,
     workers: int | None = None,
     natural_share: float = 0.0,
+    tts_heldout: int = 0,
 ) -> dict:
-    """Plan, render and describe the corpus in `output`; returns the corpus_info dict."""
+    """Plan, render and describe the corpus in `output`; returns the corpus_info dict.
+
+    tts_heldout: utterances of the text-to-speech split (0 here, so that a library call
+    makes the recognizer's corpus only; the CLI's default is DEFAULT_TTS_HELDOUT).
+    """
     if not hours > 0:
         raise ValueError(f"--hours must be positive, got {hours}")
     if not 0.0 <= natural_share <= 1.0:
         raise ValueError(f"--natural_share must be in [0, 1], got {natural_share}")
+    if tts_heldout < 0:
+        raise ValueError(f"--tts_heldout must be >= 0, got {tts_heldout}")
     workers = workers or os.cpu_count() or 1
     if workers < 1:
         raise ValueError(f"--workers must be >= 1, got {workers}")
     t0 = time.monotonic()
-    identity = _identity(hours, seed, natural_share)
+    identity = _identity(hours, seed, natural_share, tts_heldout)
     _prepare_output(output, identity)
     files.atomic_json(os.path.join(output, PARTIAL_FILE), identity)
 
     skipped: dict = {}
-    plan = plan_corpus(hours, seed, natural_share, skipped)
-    for split in SPLITS:
+    plan = plan_corpus(hours, seed, natural_share, skipped, tts_heldout)
+    splits = (*SPLITS, TTS_SPLIT) if tts_heldout else SPLITS
+    for split in splits:
         os.makedirs(os.path.join(output, split, "audio"))
     chunks = _chunks(plan)
     print(
@@ -466,9 +530,9 @@ def build_corpus(
         **identity,
         "sample_rate": SAMPLE_RATE,
         "splits": {},
-        "speakers": _speaker_info(),
+        "speakers": speakers_lib.describe(),
     }
-    for split in SPLITS:
+    for split in splits:
         utts = [u for u in plan if u.split == split]
         info["splits"][split] = _write_manifest(output, split, utts, rendered)
     info["distinct_words"] = len(_words(u.text for u in plan))
@@ -503,9 +567,16 @@ def main(argv: Sequence[str] | None = None) -> dict:
         default=0.0,
         help="share of training utterances with a natural sentence (texts/sotu.txt)",
     )
+    parser.add_argument(
+        "--tts_heldout",
+        type=int,
+        default=DEFAULT_TTS_HELDOUT,
+        help="utterances of the text-to-speech split: unseen sentences by training "
+        "speakers (0: none)",
+    )
     args = parser.parse_args(argv)
     try:
-        return build_corpus(args.output, args.hours, args.seed, args.workers, args.natural_share)
+        return build_corpus(**vars(args))  # the flags are its parameters, by name
     except (FileExistsError, ValueError) as e:
         parser.exit(2, f"synth_demo: error: {e}\n")
 

@@ -148,7 +148,7 @@ def _stream_decoder(
     )
 
 
-def _decode_batch(
+def decode_batch(
     batch: dict,
     stream: search.StreamDecoder | None,
     decode_fn: Callable,
@@ -156,7 +156,8 @@ def _decode_batch(
     model_vars: dict,
     mesh,
 ) -> dict:
-    """The decoder's host-local outputs for one batch's (B, S) audio and (B,) audio_len."""
+    """The decoder's host-local outputs for one batch's (B, S) audio and (B,) audio_len
+    (also the recognizer's path for waveforms in memory: `evaluation.recognize`)."""
     if stream:  # each row through the stream functions, on this process's device
         return stream(batch["audio"], batch["audio_len"])
     arrays = mesh_lib.host_to_global(mesh, {k: batch[k] for k in ("audio", "audio_len")})
@@ -232,7 +233,7 @@ def evaluate_split(
     for batch in pipe.dataset():
         fault_log.add(batch["faults"])
         unreadable += int(batch["corrupt"].sum())
-        out = _decode_batch(batch, stream, decode_fn, params, model_vars, mesh)
+        out = decode_batch(batch, stream, decode_fn, params, model_vars, mesh)
         for utt_id, ref, hyp_ids in zip(batch["id"], batch["text"], hypotheses(out)):
             if not utt_id:  # a padding row
                 continue

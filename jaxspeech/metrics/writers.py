@@ -1,7 +1,7 @@
 """Metric logging: TensorBoard event files (tensorboardX, no TensorFlow) on process 0.
 
-Scalars, images (e.g. spectrograms from `jaxspeech.metrics.images`) and
-markdown text (e.g. reference vs hypothesis transcripts).
+Scalars, images (e.g. spectrograms from `jaxspeech.metrics.images`), audio (e.g.
+synthesized speech) and markdown text (e.g. reference vs hypothesis transcripts).
 """
 
 from __future__ import annotations
@@ -121,6 +121,18 @@ class MetricWriter:
         if img.ndim != 3 or img.shape[-1] != 3 or img.dtype != np.uint8:
             raise ValueError(f"image {tag!r} must be (H, W, 3) uint8, got {img.shape} {img.dtype}")
         self._writer.add_image(tag, img, global_step=step, dataformats="HWC")
+
+    def audio(self, step: int, tag: str, wave: np.ndarray, sample_rate: int) -> None:
+        """One (S,) float waveform in [-1, 1] (clipped here: tensorboardX would print
+        a warning for louder samples), played in TensorBoard's Audio tab at `sample_rate` Hz."""
+        self.check()
+        if self._writer is None:
+            return
+        wave = np.asarray(wave, np.float32)
+        if wave.ndim != 1 or not np.all(np.isfinite(wave)):
+            raise ValueError(f"audio {tag!r} must be finite (S,) samples, got {wave.shape}")
+        clipped = np.clip(wave, -1.0, 1.0)
+        self._writer.add_audio(tag, clipped, global_step=step, sample_rate=int(sample_rate))
 
     def text(self, step: int, tag: str, markdown_text: str) -> None:
         """Markdown text (TensorBoard's Text tab shows it under `<tag>/text_summary`)."""

@@ -36,23 +36,13 @@ from jaxspeech.parallel import mesh as mesh_lib
 from jaxspeech.runs import faults
 from jaxspeech.runs.events import log
 from jaxspeech.runs.tts_assets import TtsAssets
-from jaxspeech.training.tts_objective import make_eval_fn, make_synthesize_fn
+from jaxspeech.runs.tts_loading import denormalized, unit_rows
+from jaxspeech.training.tts_objective import make_eval_fn
 from jaxspeech.tts.griffin_lim import griffin_lim
+from jaxspeech.tts.model import make_synthesize_fn
 
 SAMPLES_DIR = "samples"  # RUN/samples/step<N>.wav
 ROW_SUMS = ("mel_abs", "mel_abs_db", "frames", "phonemes", "duration_abs")
-
-
-def unit_rows(mesh: Mesh, rows: int) -> int:
-    """At least `rows` global rows, a multiple of the batch shards and the processes."""
-    unit = math.lcm(mesh_lib.num_batch_shards(mesh), jax.process_count())
-    return unit * max(1, math.ceil(rows / unit))
-
-
-def denormalized(mel_tf: np.ndarray, model_vars: dict) -> np.ndarray:
-    """(T, M) normalized log-mel -> the front end's raw log-mel (natural log of power)."""
-    stats = jax.device_get(model_vars["frontend"])
-    return mel_tf * np.asarray(stats["std"]) + np.asarray(stats["mean"])
 
 
 class TtsEvaluator:

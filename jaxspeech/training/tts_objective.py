@@ -198,16 +198,3 @@ def make_eval_fn(graphdef, cfg: LogMelConfig) -> Callable:
         }
 
     return eval_fn
-
-
-def make_synthesize_fn(graphdef, max_frames: int) -> Callable:
-    """jit (params, tokens (B, N), speaker (B,)) -> (B, max_frames, M) normalized log-mel
-    with the model's own durations, pitch and energy, and (B,) frames it spans."""
-
-    @jax.jit
-    def synthesize(params, tokens, speaker):
-        model = nnx.merge(graphdef, params)
-        mel, mask, _ = model.synthesize(tokens, speaker, max_frames)
-        return mel, jnp.sum(mask, axis=1)
-
-    return synthesize

@@ -20,7 +20,7 @@ from collections.abc import Callable
 import jax
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh
 from ml_collections import ConfigDict
 
 from jaxspeech import storage
@@ -30,13 +30,12 @@ from jaxspeech.data import tts_batch
 from jaxspeech.errors import UserError
 from jaxspeech.evaluation import scoring as eval_lib
 from jaxspeech.metrics.writers import MetricWriter
-from jaxspeech.models import DTYPES
 from jaxspeech.parallel import mesh as mesh_lib
-from jaxspeech.parallel import rules
 from jaxspeech.parallel import sync as sync_lib
 from jaxspeech.runs import tts_assets
 from jaxspeech.runs.events import log
 from jaxspeech.runs.faults import FaultLog
+from jaxspeech.runs.tts_loading import model_arguments, model_spec, target_stats
 from jaxspeech.training import state as state_lib
 from jaxspeech.training import step as step_lib
 from jaxspeech.training.tts_eval import TtsEvaluator
@@ -57,45 +56,6 @@ TTS_BATCH_RANKS = {
     "corrupt": 1,
 }
 BEST_METRIC = "eval_mel_l1"
-
-
-def model_arguments(config: ConfigDict, num_phonemes: int, num_speakers: int) -> dict:
-    """FastSpeech2's keyword arguments: config.tts.model, the tables' sizes, the front
-    end's mel bins and model.dtype."""
-    return config.tts.model.to_dict() | {
-        "vocab_size": num_phonemes,
-        "num_speakers": num_speakers,
-        "n_mels": int(config.features.num_mel_bins),
-        "dtype": DTYPES[config.model.dtype],
-    }
-
-
-def model_spec(make: Callable[[int], nnx.Module], model_vars: dict, mesh: Mesh) -> build.ModelSpec:
-    """The abstract, sharded layout of the model `make(seed)` builds, with `model_vars`
-    (host arrays outside the model: the target statistics) replicated."""
-    model = nnx.eval_shape(lambda: make(0))
-    graphdef, params = nnx.split(model, nnx.Param)
-    p_shard = rules.state_shardings(params, mesh)
-    replicated = NamedSharding(mesh, PartitionSpec())
-    v_shard = jax.tree.map(lambda _: replicated, model_vars)
-    return build.ModelSpec(
-        graphdef=graphdef,
-        params=rules.abstract_like(nnx.to_pure_dict(params), p_shard),
-        model_vars=rules.abstract_like(model_vars, v_shard),
-        param_shardings=p_shard,
-        var_shardings=v_shard,
-        param_axes=rules.state_axes(params),
-        mesh=mesh,
-    )
-
-
-def target_stats(assets: tts_assets.TtsAssets) -> dict:
-    """The model_vars: the feature and log-F0 statistics the targets are normalized by."""
-    f32 = lambda x: np.asarray(x, np.float32)  # noqa: E731
-    return {
-        "frontend": {"mean": f32(assets.mean), "std": f32(assets.std)},
-        "pitch": {"mean": f32(assets.pitch_mean), "std": f32(assets.pitch_std)},
-    }
 
 
 class TtsTask:

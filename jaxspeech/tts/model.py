@@ -16,6 +16,8 @@ Shapes: B batch, N tokens, T frames, D model dim, C predictor channels, M mel bi
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -279,16 +281,39 @@ class FastSpeech2(nnx.Module):
         speaker_b: jax.Array,
         max_frames: int,
         duration_scale: float = 1.0,
+        durations_bn: jax.Array | None = None,
     ) -> tuple[jax.Array, jax.Array, jax.Array]:
         """Inference (no dropout): predicted durations (`durations_from_log` with
         `duration_scale`), pitch and energy -> (B, T, M) float32 mel, (B, T) frame mask and
         the (B, N) int32 durations used. T = `max_frames`; a sequence whose durations sum
-        past it is cut there (durations.sum(1) > max_frames tells which)."""
+        past it is cut there (durations.sum(1) > max_frames tells which).
+
+        `durations_bn`: (B, N) int frames per token to use instead of the predicted ones
+        (pitch and energy are still predicted): a recording's own timing, so that the
+        output lines up with it frame by frame (the evaluation's PESQ and F0 RMSE)."""
         kw = dict(deterministic=True, rngs=None)
         h, mask = self.encode(tokens_bn, speaker_b, **kw)
         pred = self.predict_variances(h, mask, **kw)
-        durations = durations_from_log(pred["log_duration"], mask, duration_scale, max_frames)
+        if durations_bn is None:
+            durations = durations_from_log(pred["log_duration"], mask, duration_scale, max_frames)
+        else:
+            durations = jnp.where(mask, durations_bn, 0).astype(jnp.int32)
         mel, frame_mask, _ = self.decode(
             h, mask, pred["pitch"], pred["energy"], durations, max_frames, **kw
         )
         return mel, frame_mask, durations
+
+
+def make_synthesize_fn(graphdef, max_frames: int) -> Callable:
+    """jit (params, tokens (B, N), speaker (B,), durations (B, N) or None) -> (B,
+    max_frames, M) normalized log-mel and (B,) frames it spans: the model's own durations,
+    pitch and energy, or the given durations (`FastSpeech2.synthesize`). One compilation
+    per batch shape, and one more for the given durations."""
+
+    @jax.jit
+    def synthesize(params, tokens, speaker, durations=None):
+        model = nnx.merge(graphdef, params)
+        mel, mask, _ = model.synthesize(tokens, speaker, max_frames, durations_bn=durations)
+        return mel, jnp.sum(mask, axis=1)
+
+    return synthesize

@@ -82,6 +82,20 @@ def train_args(workdir, shards, *extra) -> list[str]:
     ]
 
 
+def tts_train_args(workdir, data, *extra) -> list[str]:
+    """`jaxspeech.train` arguments for configs/tts.py:tiny (a synthesizer) on the tiny
+    text-to-speech corpus `data` (tests/tts/corpus.py), with the session's overrides."""
+    return [
+        "--config",
+        "configs/tts.py:tiny",
+        "--workdir",
+        str(workdir),
+        f"--config.data.dir={data}",
+        *session_overrides(),
+        *extra,
+    ]
+
+
 def tiny_train_args(workdir, shards, *extra) -> list[str]:
     """`train_args` with a progress line every step, no periodic samples and no final
     evaluation (the faults and multi-host tests)."""

@@ -13,6 +13,7 @@ import struct
 import jax
 import numpy as np
 import pytest
+import soundfile as sf
 from tensorboardX.crc32c import crc32c
 from tensorboardX.proto.event_pb2 import Event
 
@@ -28,6 +29,11 @@ def _masked_crc(data: bytes) -> int:
 def read_events(logdir: str) -> list[Event]:
     """All Event protos of the (single) event file in logdir, CRCs checked."""
     (path,) = glob.glob(os.path.join(logdir, "events.out.tfevents.*"))
+    return read_event_file(path)
+
+
+def read_event_file(path: str) -> list[Event]:
+    """All Event protos of one event file, CRCs checked."""
     events = []
     with open(path, "rb") as f:
         while header := f.read(12):
@@ -73,6 +79,23 @@ def test_writer_image_text_scalars_read_back(tmp_path):
     assert step == 3
     assert v.metadata.plugin_data.plugin_name == "text"
     assert v.tensor.string_val[0].decode() == "| ref | hyp |\n|---|---|\n| a cat | a cap |"
+
+
+def test_writer_audio_reads_back_as_a_wav_at_its_rate(tmp_path):
+    logdir = str(tmp_path / "tb")
+    wave = 0.5 * np.sin(2 * np.pi * 440 * np.arange(1600) / 16000).astype(np.float32)
+    wave[0] = 1.7  # louder than full scale: clipped, not refused
+    w = MetricWriter(logdir)
+    w.audio(7, "synthesis/dev/u1", wave, 16000)
+    with pytest.raises(ValueError, match="finite"):
+        w.audio(7, "bad", np.full(4, np.nan, np.float32), 16000)
+    w.close()
+    ((step, v),) = summary_values(read_events(logdir))
+    assert step == 7 and v.tag == "synthesis/dev/u1"
+    assert (v.audio.sample_rate, v.audio.length_frames, v.audio.num_channels) == (16000, 1600, 1)
+    back, sr = sf.read(io.BytesIO(v.audio.encoded_audio_string), dtype="float32")
+    assert sr == 16000 and back[0] == pytest.approx(1.0, abs=1e-4)
+    np.testing.assert_allclose(back[1:], wave[1:], atol=1e-4)
 
 
 def test_writer_image_rejects_non_uint8(tmp_path):

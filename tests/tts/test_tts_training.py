@@ -3,8 +3,9 @@ learns (its mel loss falls, its durations fit), resumes to the same parameters, 
 objective and gradients are the same on an 8-device mesh as on one device, and in
 micro-batches as in one pass.
 
-One tiny corpus (tests/tts/corpus.py) and one finished tiny run per module; the runs
-share the session's compilation cache (tests/e2e/cli.py)."""
+One tiny corpus (tests/tts/corpus.py) and one finished tiny run per session
+(tests/tts/conftest.py, shared with the synthesizer's evaluation tests); the runs share
+the session's compilation cache (tests/e2e/cli.py)."""
 
 from __future__ import annotations
 
@@ -23,31 +24,24 @@ from jaxspeech.parallel import mesh as mesh_lib
 from jaxspeech.training import tts_task
 from jaxspeech.training.tts_objective import make_tts_grads_fn
 from jaxspeech.training.tts_task import TtsTask
-from tests.e2e.cli import run_module, session_overrides
-from tests.tts import corpus
+from tests.e2e.cli import run_module, tts_train_args
 
 STEPS = tts.get_config("tiny").train.num_steps
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory) -> str:
-    return corpus.write_corpus(str(tmp_path_factory.mktemp("tts-train") / "shards"))
+def data(tts_corpus) -> str:
+    return str(tts_corpus)
 
 
 def _train(workdir, data, *extra):
-    args = ["--config", "configs/tts.py:tiny", "--workdir", str(workdir)]
-    return run_module(
-        "jaxspeech.train", *args, f"--config.data.dir={data}", *session_overrides(), *extra
-    )
+    return run_module("jaxspeech.train", *tts_train_args(workdir, data, *extra))
 
 
 @pytest.fixture(scope="module")
-def tiny_run(data, tmp_path_factory):
-    """One finished run of configs/tts.py:tiny, evaluated on dev (it ranks the
-    checkpoints) and on train (the durations it fitted). Returns (run, console output)."""
-    run = tmp_path_factory.mktemp("tts-run") / "run"
-    out = _train(run, data, "--config.data.eval_split=dev,train")
-    return run, out.stdout + out.stderr
+def tiny_run(tts_tiny_run):
+    """The session's finished tiny run (tests/tts/conftest.py): (run, console output)."""
+    return tts_tiny_run
 
 
 def _meta(run, step: int) -> dict:

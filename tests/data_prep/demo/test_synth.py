@@ -13,9 +13,11 @@ from data_prep.demo import make_texts, sentences, synth
 from data_prep.demo.espeak import Espeak, EspeakError
 
 TINY_HOURS = "0.02"  # ~30 utterances: every speaker once, a few seconds of synthesis
+TINY_TTS = 10  # tts_heldout utterances: two render chunks of the fixture's CHUNK_SIZE 8
+ALL_SPLITS = (*synth.SPLITS, synth.TTS_SPLIT)
 
 
-def _run(out, seed=0, workers=1, natural_share=0.5):
+def _run(out, seed=0, workers=1, natural_share=0.5, tts_heldout=TINY_TTS):
     """The tiny corpus; half of its training sentences natural, as the demo's."""
     return synth.main(
         [
@@ -29,6 +31,8 @@ def _run(out, seed=0, workers=1, natural_share=0.5):
             str(workers),
             "--natural_share",
             str(natural_share),
+            "--tts_heldout",
+            str(tts_heldout),
         ]
     )
 
@@ -51,18 +55,20 @@ def _digest(root) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def corpora(tmp_path_factory):
-    """The tiny corpus built three ways: seed 0 with 1 and 2 workers, seed 1."""
+    """The tiny corpus built four ways: seed 0 with 1 and 2 workers, seed 1, and seed 0
+    without the tts_heldout split."""
     # Small render chunks so the train split spans several worker processes, exercising
     # the fresh-process-per-chunk rule that makes output independent of --workers.
     mp = pytest.MonkeyPatch()
     mp.setattr(synth, "CHUNK_SIZE", 8)
     base = tmp_path_factory.mktemp("synth")
     try:
-        dirs = {"w1": base / "w1", "w2": base / "w2", "seed1": base / "seed1"}
+        dirs = {name: base / name for name in ("w1", "w2", "seed1", "no_tts")}
         infos = {
             "w1": _run(dirs["w1"], seed=0, workers=1),
             "w2": _run(dirs["w2"], seed=0, workers=2),
             "seed1": _run(dirs["seed1"], seed=1, workers=2),
+            "no_tts": _run(dirs["no_tts"], seed=0, workers=2, tts_heldout=0),
         }
     finally:
         mp.undo()
@@ -73,7 +79,7 @@ def test_manifests_and_audio(corpora):
     dirs, infos = corpora
     root = dirs["w1"]
     ids = set()
-    for split in synth.SPLITS:
+    for split in ALL_SPLITS:
         rows = _manifest(root, split)
         assert rows and infos["w1"]["splits"][split]["utterances"] == len(rows)
         for row in rows:
@@ -85,7 +91,7 @@ def test_manifests_and_audio(corpora):
                 "phonemes",
                 "phoneme_ends",
             ]
-            assert re.fullmatch(r"audio/[a-z]+-[a-z0-9_]+-\d{5}\.wav", row["audio_filepath"])
+            assert re.fullmatch(r"audio/[a-z_]+-[a-z0-9_]+-\d{5}\.wav", row["audio_filepath"])
             utt_id = row["audio_filepath"][len("audio/") : -len(".wav")]
             assert utt_id.startswith(f"{split}-{row['speaker']}-") and utt_id not in ids
             ids.add(utt_id)
@@ -107,7 +113,7 @@ def test_manifests_and_audio(corpora):
             assert loud[0] / 16000 < 0.25 and (len(samples) - loud[-1]) / 16000 < 0.25
     info = json.loads((root / "corpus_info.json").read_text())
     assert info["seed"] == 0 and info["generator_version"] == synth.GENERATOR_VERSION
-    assert info["distinct_words"] > 0 and set(info["splits"]) == set(synth.SPLITS)
+    assert info["distinct_words"] > 0 and set(info["splits"]) == set(ALL_SPLITS)
     assert not (root / synth.PARTIAL_FILE).exists()
     # Natural sentences were rendered into train only, and counted.
     sotu = {t for t, _ in make_texts.read_sentences(make_texts.SOTU)}
@@ -116,6 +122,43 @@ def test_manifests_and_audio(corpora):
     assert info["natural_share"] == 0.5 and 0 < natural["used"] < len(train)
     assert natural["used"] == sum(t in sotu for t in train)
     assert not any(r["text"] in sotu for s in ("dev", "test") for r in _manifest(root, s))
+
+
+def test_tts_heldout_split(corpora):
+    """Unseen sentences by training speakers, taking turns, with their own prosody."""
+    dirs, infos = corpora
+    rows = _manifest(dirs["w1"], synth.TTS_SPLIT)
+    train_speakers = [s.name for s in synth.SPEAKERS if s.split == "train"]
+    assert [r["speaker"] for r in rows] == train_speakers[:TINY_TTS]
+    assert rows[0]["audio_filepath"] == f"audio/tts_heldout-{train_speakers[0]}-00001.wav"
+    texts = [r["text"] for r in rows]
+    others = {r["text"] for s in synth.SPLITS for r in _manifest(dirs["w1"], s)}
+    others |= {t for t, _ in make_texts.read_sentences(make_texts.MOBY_DICK)}
+    assert len(set(texts)) == TINY_TTS and not set(texts) & others
+    info = infos["w1"]
+    assert info["tts_heldout"] == TINY_TTS
+    assert info["splits"][synth.TTS_SPLIT]["utterances"] == TINY_TTS
+    assert info["splits"][synth.TTS_SPLIT]["speakers"] == sorted(train_speakers[:TINY_TTS])
+    # The demo's size and default: two utterances per training speaker, 96 distinct
+    # sentences in no other split, and every utterance before them as planned without.
+    plan = synth.plan_corpus(3.0, 0, 0.25, tts_heldout=synth.DEFAULT_TTS_HELDOUT)
+    held = [u for u in plan if u.split == synth.TTS_SPLIT]
+    assert plan[: -len(held)] == synth.plan_corpus(3.0, 0, 0.25)
+    assert len(held) == 96 and {u.speaker for u in held} == set(train_speakers)
+    assert len({u.text for u in held}) == 96
+    base = {s.name: s for s in synth.SPEAKERS}
+    assert all(abs(u.rate / base[u.speaker].rate - 1) <= 0.11 for u in held)
+    assert not {u.text for u in held} & {u.text for u in plan[: -len(held)]}
+
+
+def test_tts_heldout_leaves_the_other_splits_byte_identical(corpora):
+    dirs, infos = corpora
+    with_tts, without = _digest(dirs["w1"]), _digest(dirs["no_tts"])
+    assert set(without) == {p for p in with_tts if not p.startswith(synth.TTS_SPLIT + os.sep)}
+    assert all(with_tts[p] == h for p, h in without.items() if p != synth.INFO_FILE)
+    assert not (dirs["no_tts"] / synth.TTS_SPLIT).exists()
+    assert set(infos["no_tts"]["splits"]) == set(synth.SPLITS)
+    assert infos["no_tts"]["splits"] == {s: infos["w1"]["splits"][s] for s in synth.SPLITS}
 
 
 def test_splits_disjoint_and_held_out_speakers(corpora):
@@ -175,6 +218,25 @@ def test_output_dir_rules(corpora, tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit):
         _run(tmp_path / "new", natural_share=1.5)
     assert "--natural_share must be in [0, 1], got 1.5" in capsys.readouterr().err
+    # Another --tts_heldout: refused; a negative one: one line.
+    with pytest.raises(SystemExit):
+        _run(dirs["w2"], seed=0, workers=2, tts_heldout=0)
+    assert "built with" in capsys.readouterr().err
+    assert _digest(dirs["w2"]) == before
+    with pytest.raises(SystemExit):
+        _run(tmp_path / "new", tts_heldout=-1)
+    assert "--tts_heldout must be >= 0, got -1" in capsys.readouterr().err
+    # A corpus from before the split (no "tts_heldout" in its info) counts as built with 0:
+    # rebuilt by --tts_heldout 0, refused otherwise.
+    old = tmp_path / "old"
+    (old / "train").mkdir(parents=True)
+    info = json.loads((dirs["no_tts"] / synth.INFO_FILE).read_text())
+    del info["tts_heldout"]
+    (old / synth.INFO_FILE).write_text(json.dumps(info))
+    with pytest.raises(FileExistsError, match="'tts_heldout': 0"):
+        synth._prepare_output(str(old), synth._identity(float(TINY_HOURS), 0, 0.5, TINY_TTS))
+    synth._prepare_output(str(old), synth._identity(float(TINY_HOURS), 0, 0.5, 0))
+    assert os.listdir(old) == []
 
 
 def test_sentence_generator_vocabulary():

@@ -1,0 +1,454 @@
+"""Evaluate a trained synthesizer (a run whose config.task is "tts"):
+`python -m jaxspeech.evaluate --workdir TTS_RUN --data DIR --split dev,test
+[--asr_workdir ASR_RUN] [--max_utterances N]`.
+
+Every utterance of each split is synthesized from its phonemes for its speaker, twice
+(`tts_scores`): with the model's own durations (the real use) and with the recording's
+phoneme durations (in step with the recording), both vocoded by Griffin-Lim
+(`tts.griffin_lim`), and scored against the recording: MCD-DTW, wide-band PESQ, F0 RMSE
+and voicing error. With `asr_workdir`, a trained recognizer (`evaluation.recognize`)
+transcribes the predicted-duration speech and the recordings themselves: its CER / WER on
+both and their ratio, synthesized over real, measure intelligibility, an automatic stand-in
+for a listening test's MOS (it says nothing of naturalness).
+
+A synthesizer speaks only its training voices and phonemes: an utterance whose speaker or
+phonemes are not in the run's tables (RUN/assets) is skipped and counted with its reason,
+as are unreadable records and records whose phoneme fields do not fit their audio; a split
+prepared without phonemes is refused with one line.
+
+Synthesis runs on the devices in batches of one fixed shape per split (`ROWS` x the
+split's most phonemes x twice its longest recording's frames: one compilation per
+duration mode); vocoding, PESQ, F0 and the scores run on the host, `CHUNK` records at a
+time. Results, as the recognizer's evaluation writes them: RUN/eval/<split>-step<N>
+-synthesis.json (the summary, also printed as one JSON line) and
+-synthesis-utts.jsonl (one line per scored utterance); the first `SAMPLES` utterances of
+each split as RUN/eval/samples/<split>-step<N>-<id>.wav and in TensorBoard (RUN/tensorboard:
+audio, mel spectrograms of the recording and both syntheses, and the split's means).
+One process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import os
+import time
+
+import jax
+import librosa
+import numpy as np
+import soundfile as sf
+
+from jaxspeech import files, storage
+from jaxspeech.audio import features
+from jaxspeech.config import build, defaults
+from jaxspeech.data import reader as reader_lib
+from jaxspeech.data import records, tts_batch
+from jaxspeech.errors import UserError
+from jaxspeech.evaluation import scoring, tts_scores
+from jaxspeech.evaluation.recognize import WaveRecognizer
+from jaxspeech.metrics import images
+from jaxspeech.metrics.wer import ErrorCounts
+from jaxspeech.metrics.writers import MetricWriter
+from jaxspeech.parallel import mesh as mesh_lib
+from jaxspeech.parallel import rules
+from jaxspeech.runs import checkpoint as ckpt_lib
+from jaxspeech.runs import loading, remote, tts_assets
+from jaxspeech.runs.tts_loading import TtsRun, denormalized, load_tts_run, unit_rows
+from jaxspeech.tts.griffin_lim import griffin_lim
+from jaxspeech.tts.model import make_synthesize_fn
+
+TAG = "-synthesis"  # RUN/eval/<split>-step<N>-synthesis.json: beside the in-loop results
+SAMPLES_DIR = "samples"  # RUN/eval/samples/
+SAMPLES = 4  # utterances per split kept as WAV files and in TensorBoard
+ROWS = 8  # utterances synthesized at once (rounded up to a multiple of the batch shards)
+CHUNK = 64  # records read, synthesized and scored at a time (bounds the host memory)
+# The summary's values that go to TensorBoard (RUN/tensorboard, as synthesis/<split>/<key>).
+SCALARS = (*tts_scores.MEASURES, "cer_synthesized", "cer_real", "wer_synthesized", "wer_real")
+INTELLIGIBILITY_NOTE = (
+    "recognizer CER is an automatic stand-in for MOS: it measures intelligibility to "
+    "this recognizer (synthesized vs. real speech), not naturalness"
+)
+
+
+def is_tts_run(workdir: str) -> bool:
+    """Whether `workdir` is a finished run of config.task "tts" (False for a recognizer
+    and for anything that is not a run, which the recognizer's evaluation reports)."""
+    try:
+        return defaults.lookup(loading.load_run_config(workdir), "task") == "tts"
+    except FileNotFoundError:
+        return False
+
+
+# ---------------------------------------------------------------- the split's utterances
+@dataclasses.dataclass
+class Utterance:
+    """One record the synthesizer can speak."""
+
+    id: str
+    speaker: str
+    text: str
+    audio: np.ndarray  # (S,) float32 in [-1, 1]
+    tokens: np.ndarray  # (K,) int32 phoneme ids of the run's table
+    durations: np.ndarray  # (K,) int32 frames of the recording per phoneme
+    speaker_id: int
+
+
+def _problem(rec: dict, assets: tts_assets.TtsAssets) -> tuple[str, str] | None:
+    """(reason, detail) why the run cannot synthesize this record, or None."""
+    if rec["speaker"] not in assets.speakers:
+        return "unknown speaker", f"speaker {rec['speaker']!r} is not in the run's table"
+    problem = tts_batch.phoneme_problem(rec)
+    if problem is not None:
+        return "bad phoneme fields", problem
+    known = set(assets.table.tokens)
+    unknown = sorted({p for p in rec["phonemes"].split(" ") if p not in known})
+    if unknown:
+        return "unknown phoneme", f"phonemes {unknown[:5]} are not in the run's table"
+    return None
+
+
+def check_split(data_dir: str, split: str, sample_rate: int) -> records.SplitIndex:
+    """The split's index, once it is known to carry phonemes at the run's sample rate.
+
+    Raises:
+      UserError: not prepared, prepared without phonemes, or at another sample rate.
+    """
+    local = storage.local_data(data_dir, split)
+    try:
+        index = records.read_split_index(local, split)
+    except FileNotFoundError as e:
+        raise UserError(str(e)) from e
+    tts_assets.read_inventory(local, split)  # one line for a split without phonemes
+    if index.sample_rate != sample_rate:
+        raise UserError(
+            f"{data_dir}/{split} is at {index.sample_rate} Hz but the run was trained at "
+            f"{sample_rate} Hz (config.features.sample_rate): prepare the split at that rate"
+        )
+    return index
+
+
+def read_utterances(
+    index: records.SplitIndex, positions: range, assets: tts_assets.TtsAssets, hop: int
+) -> tuple[list[Utterance], list[dict]]:
+    """The records at `positions` of the split: those the run can synthesize, and the
+    others as {"id", "reason", "detail"} (`_problem`, or "unreadable")."""
+    reader = reader_lib.RecordReader(index.shard_paths, index.shard_num_records)
+    raw, _, _ = reader.read(list(positions))
+    utts, skipped = [], []
+    for pos, data in zip(positions, raw):
+        rec, why = None, "the record cannot be read"
+        if data is not None:
+            try:
+                rec = records.decode_record(data)
+            except ValueError as e:  # corrupt bytes
+                why = str(e)
+        if rec is None:
+            skipped.append({"id": f"record {pos}", "reason": "unreadable", "detail": why})
+            continue
+        problem = _problem(rec, assets)
+        if problem is not None:
+            skipped.append({"id": rec["id"], "reason": problem[0], "detail": problem[1]})
+            continue
+        audio = reader_lib.audio_float32(rec)
+        sr = rec["sample_rate"]
+        phonemes = rec["phonemes"].split(" ")
+        utts.append(
+            Utterance(
+                id=rec["id"],
+                speaker=rec["speaker"],
+                text=rec["text"],
+                audio=audio,
+                tokens=assets.table.encode(phonemes),
+                durations=tts_batch.frame_durations(rec["phoneme_ends"], len(audio), sr, hop),
+                speaker_id=assets.speakers[rec["speaker"]],
+            )
+        )
+    return utts, skipped
+
+
+def split_shape(index: records.SplitIndex, count: int, hop: int) -> tuple[int, int]:
+    """(phonemes, frames) of the synthesis batches of the split's first `count` records:
+    its most phonemes (a pass over the records' headers; rounded up to a multiple of 8)
+    and twice its longest recording's frames (room for slow predicted durations; speech
+    that runs past them is cut there and marked "truncated"; a multiple of 64)."""
+    reader = reader_lib.RecordReader(index.shard_paths, index.shard_num_records)
+    most = 1
+    for start in range(0, count, CHUNK):
+        raw, _, _ = reader.read(list(range(start, min(start + CHUNK, count))))
+        for data in raw:
+            try:
+                header = records.decode_header(data) if data is not None else {}
+            except ValueError:
+                continue  # unreadable: skipped and counted when read in full
+            most = max(most, len(str(header.get("phonemes", "")).split(" ")))
+    longest = float(index.durations[:count].max()) if count else 0.0
+    frames = int(features.num_frames(int(np.ceil(longest * index.sample_rate)), hop))
+    return 8 * -(-most // 8), 64 * -(-2 * frames // 64)
+
+
+# ---------------------------------------------------------------- synthesis
+class Synthesizer:
+    """The run's model at one batch shape (`rows` x `tokens_n` phonemes, `frames_n`
+    frames): utterances -> their raw log-mel frames synthesized with the predicted and
+    with the recording's durations."""
+
+    def __init__(self, run: TtsRun, tokens_n: int, frames_n: int):
+        self.run, self.tokens_n, self.frames_n = run, tokens_n, frames_n
+        self.rules = build.rules_from_config(run.config)
+        with rules.axis_rules(self.rules):
+            self.rows = unit_rows(run.spec.mesh, ROWS)
+        self.fn = make_synthesize_fn(run.spec.graphdef, frames_n)
+
+    def __call__(self, utts: list[Utterance]) -> list[tuple[np.ndarray, np.ndarray, bool]]:
+        """[(predicted (T1, M), aligned (T, M) raw log-mel, whether the predicted speech
+        was cut at frames_n)] per utterance; T is the recording's frame count."""
+        run, mesh = self.run, self.run.spec.mesh
+        out = []
+        for start in range(0, len(utts), self.rows):
+            part = utts[start : start + self.rows]
+            host = {
+                "tokens": np.zeros((self.rows, self.tokens_n), np.int32),
+                "durations": np.zeros((self.rows, self.tokens_n), np.int32),
+                "speaker": np.zeros((self.rows,), np.int32),
+            }  # padding rows: no phoneme, no frame
+            for i, u in enumerate(part):
+                host["tokens"][i, : len(u.tokens)] = u.tokens
+                host["durations"][i, : len(u.durations)] = u.durations
+                host["speaker"][i] = u.speaker_id
+            with rules.axis_rules(self.rules), jax.set_mesh(mesh):
+                x = mesh_lib.host_to_global(mesh, host)
+                both = [
+                    self.fn(run.params, x["tokens"], x["speaker"]),
+                    self.fn(run.params, x["tokens"], x["speaker"], x["durations"]),
+                ]
+                (p_mel, p_n), (a_mel, a_n) = [
+                    (mesh_lib.to_host_local(mesh, m), mesh_lib.to_host_local(mesh, n))
+                    for m, n in both
+                ]
+            for i in range(len(part)):
+                n, m = int(p_n[i]), int(a_n[i])
+                predicted = denormalized(p_mel[i, :n], run.model_vars)
+                aligned = denormalized(a_mel[i, :m], run.model_vars)
+                out.append((predicted, aligned, n >= self.frames_n))
+        return out
+
+
+def reference_log_mel(audio: np.ndarray, cfg: features.LogMelConfig) -> np.ndarray:
+    """(S,) waveform -> (1 + S // hop, M) raw log-mel of the run's front end (librosa's
+    mel power equals `features.log_mel`'s; on the host: no compilation per length)."""
+    power = librosa.feature.melspectrogram(
+        y=np.asarray(audio, np.float32),
+        sr=cfg.sample_rate,
+        n_fft=cfg.n_fft,
+        hop_length=cfg.hop_length,
+        win_length=cfg.win_length,
+        n_mels=cfg.num_mel_bins,
+        fmin=cfg.fmin,
+        fmax=cfg.fmax,
+        center=True,
+        pad_mode="constant",
+    )
+    return np.log(power.T.astype(np.float64) + cfg.log_floor)
+
+
+# ---------------------------------------------------------------- one split
+class SplitEvaluation:
+    """One split of one run: its utterances synthesized, vocoded and scored `CHUNK` at a
+    time; the first `SAMPLES` kept (`_keep_sample`); `result()` at the end."""
+
+    def __init__(
+        self,
+        run: TtsRun,
+        split: str,
+        index: records.SplitIndex,
+        count: int,
+        recognizer: WaveRecognizer | None,
+        writer: MetricWriter,
+        out_dir: str,
+    ):
+        self.run, self.split, self.index, self.count = run, split, index, count
+        self.recognizer, self.writer, self.out_dir = recognizer, writer, out_dir
+        self.cfg = build.feature_config(run.config)
+        self.synthesize = Synthesizer(run, *split_shape(index, count, self.cfg.hop_length))
+        self.rows: list[dict] = []
+        self.skipped: list[dict] = []
+        self.counts = {"synthesized": ErrorCounts(), "real": ErrorCounts()}
+
+    def run_all(self) -> dict:
+        """Every record of the split's first `count`, `CHUNK` at a time -> `result`."""
+        t0 = time.time()
+        for start in range(0, self.count, CHUNK):
+            positions = range(start, min(start + CHUNK, self.count))
+            utts, skipped = read_utterances(
+                self.index, positions, self.run.assets, self.cfg.hop_length
+            )
+            self.skipped += skipped
+            self._chunk(utts)
+        return self.result(time.time() - t0)
+
+    def _chunk(self, utts: list[Utterance]) -> None:
+        """Synthesize, vocode and score `utts`; rows appended to `self.rows`."""
+        sr, cfg = self.cfg.sample_rate, self.cfg
+        predicted_waves = []
+        for u, (p_mel, a_mel, truncated) in zip(utts, self.synthesize(utts)):
+            predicted = griffin_lim(p_mel, cfg)
+            aligned = griffin_lim(a_mel, cfg)[: len(u.audio)]  # T * hop >= S samples
+            row = {
+                "id": u.id,
+                "speaker": u.speaker,
+                "text": u.text,
+                "phonemes": len(u.tokens),
+                "seconds": round(len(u.audio) / sr, 3),
+                "synthesized_seconds": round(len(predicted) / sr, 3),
+                "truncated": truncated,
+            }
+            self.rows.append(row | tts_scores.score_utterance(u.audio, predicted, aligned, sr))
+            predicted_waves.append(predicted)
+            if len(self.rows) <= SAMPLES:
+                self._keep_sample(u, predicted, p_mel, a_mel)
+        if self.recognizer is not None and utts:
+            self._recognize(utts, predicted_waves, self.rows[len(self.rows) - len(utts) :])
+
+    def _recognize(self, utts: list[Utterance], predicted: list[np.ndarray], rows: list[dict]):
+        """The recognizer's hypotheses and error rates on the synthesized and the real
+        speech of `utts`, added to their `rows` and to the split's counts."""
+        sr, asr = self.cfg.sample_rate, self.recognizer
+        # The longest synthesis possible: one width for every batch of the split.
+        seconds = self.synthesize.frames_n * self.cfg.hop_length / sr
+        hyps = {
+            "synthesized": asr.transcribe(predicted, sr, seconds),
+            "real": asr.transcribe([u.audio for u in utts], sr, seconds),
+        }
+        for i, (u, row) in enumerate(zip(utts, rows)):
+            row["ref"] = asr.normalize(u.text)
+            for kind, counts in self.counts.items():
+                c = asr.score(counts, u.text, hyps[kind][i])
+                row[f"hyp_{kind}"] = hyps[kind][i]
+                row[f"cer_{kind}"] = round(c["char_errors"] / max(c["chars"], 1), 4)
+                row[f"wer_{kind}"] = round(c["word_errors"] / max(c["words"], 1), 4)
+
+    def _keep_sample(self, u: Utterance, predicted: np.ndarray, p_mel, a_mel) -> None:
+        """The predicted-duration speech as RUN/eval/samples/<split>-step<N>-<id>.wav and
+        TensorBoard audio; the recording's, the aligned and the predicted mel as one
+        image (top to bottom)."""
+        step, sr = self.run.step, self.cfg.sample_rate
+        name = f"{self.split}-step{step}-{u.id.replace('/', '_')}.wav"
+        path = os.path.join(self.out_dir, SAMPLES_DIR, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        buf = io.BytesIO()
+        sf.write(buf, np.clip(predicted, -1.0, 1.0), sr, format="WAV", subtype="PCM_16")
+        files.atomic_write(path, buf.getvalue())
+        tag = f"synthesis/{self.split}/{u.id}"
+        self.writer.audio(step, tag, predicted, sr)
+        ref = reference_log_mel(u.audio, self.cfg)
+        lo, hi = np.percentile(ref, 1), np.percentile(ref, 99)  # one scale for the three
+        pictures = [images.spectrogram_image(x, lo=lo, hi=hi) for x in (ref, a_mel, p_mel)]
+        self.writer.image(step, f"{tag}/mel_real_aligned_predicted", images.stack_images(pictures))
+
+    def result(self, seconds: float) -> dict:
+        """The split's summary (means, counts, skip reasons, the recognizer's rates and
+        their ratio) with its rows under "utterances"; its means go to TensorBoard."""
+        reasons: dict[str, int] = {}
+        for s in self.skipped:
+            reasons[s["reason"]] = reasons.get(s["reason"], 0) + 1
+        out = {
+            "split": self.split,
+            "task": "tts",
+            "num_utts": len(self.rows),
+            "skipped": len(self.skipped),
+            "skipped_reasons": reasons,
+            "skipped_examples": self.skipped[:5],
+            **tts_scores.summarize(self.rows),
+            "truncated": sum(r["truncated"] for r in self.rows),
+            "vocoder": "griffin_lim",
+        }
+        if self.recognizer is not None:
+            out |= self._intelligibility()
+        scalars = {k: v for k, v in out.items() if k in SCALARS and v is not None}
+        self.writer.scalars(
+            self.run.step, {f"synthesis/{self.split}/{k}": v for k, v in scalars.items()}
+        )
+        examples = []  # the console's ref / hyp lines, as the recognizer's evaluation prints
+        if self.recognizer is not None:
+            examples = [{"ref": r["ref"], "hyp": r["hyp_synthesized"]} for r in self.rows[:3]]
+        return out | {
+            "eval_seconds": round(seconds, 1),
+            "examples": examples,
+            "utterances": sorted(self.rows, key=lambda r: r["id"]),  # as the recognizer's
+        }
+
+    def _intelligibility(self) -> dict:
+        """The recognizer's CER / WER on the synthesized and the real speech, and the
+        ratios synthesized / real (None where the real speech's rate is 0)."""
+        asr = self.recognizer
+        out: dict = {"asr_workdir": asr.workdir, "asr_step": asr.run.step}
+        for unit in ("cer", "wer"):
+            rates = {k: getattr(c, unit) for k, c in self.counts.items()}
+            out[f"{unit}_synthesized"] = round(rates["synthesized"], 5)
+            out[f"{unit}_real"] = round(rates["real"], 5)
+            ratio = rates["synthesized"] / rates["real"] if rates["real"] > 0 else None
+            out[f"{unit}_ratio"] = None if ratio is None else round(ratio, 4)
+        return out | {"intelligibility_note": INTELLIGIBILITY_NOTE}
+
+
+# ---------------------------------------------------------------- the job
+def evaluate_tts_splits(
+    workdir: str,
+    data_dir: str | None,
+    splits: list[str] | None,
+    step: int | None,
+    *,
+    asr_workdir: str | None = None,
+    method: str | None = None,
+    beam: int | None = None,
+    decoding: dict | None = None,
+    max_utterances: int | None = None,
+) -> list[dict]:
+    """Restore the synthesizer RUN's checkpoint (latest unless `step`) and evaluate each
+    split (default: the run's data.eval_split list) as the module docstring says, writing
+    RUN/eval/ for each; `asr_workdir`: the recognizer whose CER / WER measure
+    intelligibility, decoded with `method`, `beam` and `decoding` overriding its config
+    (`evaluation.run.run_eval_config`). `max_utterances`: the first N records of each split.
+
+    Raises:
+      UserError: not a run directory, no such checkpoint, a split not prepared or prepared
+        without phonemes, a recognizer run that cannot be loaded, more than one process.
+    """
+    if jax.process_count() > 1:
+        raise UserError("evaluating a synthesizer runs in one process")
+    if max_utterances is not None and max_utterances < 1:
+        raise UserError(f"--max_utterances must be >= 1, got {max_utterances}")
+    try:
+        config = loading.load_run_config(workdir)
+        splits = splits or scoring.parse_splits(config.data.eval_split)
+        data_dir = data_dir or config.data.dir
+        rate = int(config.features.sample_rate)
+        # Every split is checked before anything is loaded or compiled.
+        indexes = {s: check_split(data_dir, s, rate) for s in splits}
+        with rules.axis_rules(build.rules_from_config(config)):
+            run = load_tts_run(workdir, step=step, config=config)
+    except (FileNotFoundError, ValueError, ckpt_lib.CheckpointError) as e:
+        raise UserError(str(e)) from e
+    recognizer = None
+    if asr_workdir:
+        try:
+            recognizer = WaveRecognizer.from_workdir(asr_workdir, method, beam, decoding)
+        except (FileNotFoundError, ValueError, ckpt_lib.CheckpointError) as e:
+            raise UserError(f"--asr_workdir: {e}") from e
+    copy = remote.reader(workdir)  # a run on an object store: written here, then pushed
+    out_dir = os.path.join(copy.local, "eval")
+    writer = MetricWriter(os.path.join(copy.local, "tensorboard"))
+    results = []
+    try:
+        for split in splits:
+            index = indexes[split]
+            count = min(max_utterances or index.num_records, index.num_records)
+            evaluation = SplitEvaluation(run, split, index, count, recognizer, writer, out_dir)
+            result = evaluation.run_all() | {"step": run.step}
+            scoring.write_result(copy.local, result, run.step, TAG)
+            results.append(result)
+    finally:
+        writer.close()
+    copy.push()
+    return results

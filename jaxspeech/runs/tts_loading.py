@@ -1,0 +1,127 @@
+"""A text-to-speech run's model, laid out and loaded: what training builds its state from
+and what evaluation restores a checkpoint into (below both, as `runs.loading` is for
+recognizers).
+
+- `model_arguments` / `model_spec`: FastSpeech2 of config.tts.model over the run's
+  phoneme and speaker tables, sharded by the run's rules;
+- `target_stats`: the model_vars, the feature and log-F0 statistics the targets are
+  normalized by (constants that travel in every checkpoint);
+- `load_tts_run`: RUN's config, assets and one checkpoint's parameters on a mesh.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Callable
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from ml_collections import ConfigDict
+
+from jaxspeech.config import build
+from jaxspeech.models import DTYPES
+from jaxspeech.parallel import mesh as mesh_lib
+from jaxspeech.parallel import rules
+from jaxspeech.runs import checkpoint as ckpt_lib
+from jaxspeech.runs import loading, remote
+from jaxspeech.runs.assets import ASSETS
+from jaxspeech.runs.tts_assets import TtsAssets, read_tts_assets
+from jaxspeech.tts.model import FastSpeech2
+
+
+def model_arguments(config: ConfigDict, num_phonemes: int, num_speakers: int) -> dict:
+    """FastSpeech2's keyword arguments: config.tts.model, the tables' sizes, the front
+    end's mel bins and model.dtype."""
+    return config.tts.model.to_dict() | {
+        "vocab_size": num_phonemes,
+        "num_speakers": num_speakers,
+        "n_mels": int(config.features.num_mel_bins),
+        "dtype": DTYPES[config.model.dtype],
+    }
+
+
+def model_spec(make: Callable[[int], nnx.Module], model_vars: dict, mesh: Mesh) -> build.ModelSpec:
+    """The abstract, sharded layout of the model `make(seed)` builds, with `model_vars`
+    (host arrays outside the model: the target statistics) replicated."""
+    model = nnx.eval_shape(lambda: make(0))
+    graphdef, params = nnx.split(model, nnx.Param)
+    p_shard = rules.state_shardings(params, mesh)
+    replicated = NamedSharding(mesh, PartitionSpec())
+    v_shard = jax.tree.map(lambda _: replicated, model_vars)
+    return build.ModelSpec(
+        graphdef=graphdef,
+        params=rules.abstract_like(nnx.to_pure_dict(params), p_shard),
+        model_vars=rules.abstract_like(model_vars, v_shard),
+        param_shardings=p_shard,
+        var_shardings=v_shard,
+        param_axes=rules.state_axes(params),
+        mesh=mesh,
+    )
+
+
+def target_stats(assets: TtsAssets) -> dict:
+    """The model_vars: the feature and log-F0 statistics the targets are normalized by."""
+    f32 = lambda x: np.asarray(x, np.float32)  # noqa: E731
+    return {
+        "frontend": {"mean": f32(assets.mean), "std": f32(assets.std)},
+        "pitch": {"mean": f32(assets.pitch_mean), "std": f32(assets.pitch_std)},
+    }
+
+
+def denormalized(mel_tf: np.ndarray, model_vars: dict) -> np.ndarray:
+    """(T, M) normalized log-mel -> the front end's raw log-mel (natural log of power)."""
+    stats = jax.device_get(model_vars["frontend"])
+    return mel_tf * np.asarray(stats["std"]) + np.asarray(stats["mean"])
+
+
+def unit_rows(mesh: Mesh, rows: int) -> int:
+    """At least `rows` global rows, a multiple of the batch shards and the processes."""
+    unit = math.lcm(mesh_lib.num_batch_shards(mesh), jax.process_count())
+    return unit * max(1, math.ceil(rows / unit))
+
+
+@dataclasses.dataclass
+class TtsRun:
+    """A trained synthesizer loaded for inference: its config and assets, and one
+    checkpoint's parameters and target statistics on `spec.mesh`."""
+
+    config: ConfigDict
+    assets: TtsAssets
+    step: int
+    spec: build.ModelSpec
+    params: dict
+    model_vars: dict
+
+
+def load_tts_run(
+    workdir: str,
+    *,
+    step: int | None = None,
+    mesh: Mesh | None = None,
+    config: ConfigDict | None = None,
+) -> TtsRun:
+    """Load a text-to-speech RUN's checkpoint `step` (default: the latest) onto `mesh`
+    (default: the run's config.mesh over this job's devices), verified. Call it inside
+    `rules.axis_rules` of the run's config (the layout follows its rules).
+
+    Raises:
+      FileNotFoundError: `workdir` is not a run directory.
+      CheckpointError: no such step, another model's checkpoint, or a corrupt one.
+      UserError: the run's feature statistics do not fit its config.
+    """
+    config = config or loading.load_run_config(workdir)
+    assets_dir = os.path.join(remote.read_copy(workdir), ASSETS)
+    # No inventory to check against: evaluation skips the phonemes the table lacks.
+    assets = read_tts_assets(config, assets_dir, [], os.path.join(assets_dir, "stats.json"))
+    if mesh is None:
+        mesh = build.mesh_from_config(config)
+    kwargs = model_arguments(config, assets.table.size, len(assets.speakers))
+    spec = model_spec(
+        lambda seed: FastSpeech2(**kwargs, rngs=nnx.Rngs(params=seed)), target_stats(assets), mesh
+    )
+    step, model = ckpt_lib.load_model(workdir, spec.abstract, step)
+    return TtsRun(config, assets, step, spec, model["params"], model["model_vars"])
