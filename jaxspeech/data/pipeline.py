@@ -285,6 +285,50 @@ def _checked_files(
     return paths, counts, by_file
 
 
+def plan_split(
+    index: records.SplitIndex,
+    spec: BucketSpec,
+    where: str,
+    *,
+    seed: int,
+    train: bool,
+    process_index: int = 0,
+    process_count: int = 1,
+    loader_shards: int = 0,
+    speeds: Sequence[float] = (1.0,),
+    augment: Augment | None = None,
+    augment_from_epoch: int = 0,
+) -> tuple[BatchPlan, list[str], list[int], np.ndarray | None]:
+    """This process's plan over the split at `where` (its `index`) and the shard files it
+    reads, checked: (plan, paths, record counts, the global indices those files hold or
+    None when every file is read). Shared by every loader (ASR's and text-to-speech's).
+
+    Raises:
+      ValueError: settings that do not fit the split.
+      reader.ShardError: a shard this process reads is missing or damaged.
+    """
+    num_shards = _check_settings(
+        index, spec, where, process_index, process_count, speeds, augment, loader_shards
+    )
+    owners = [owned_records(index.shard_num_records, q, num_shards) for q in range(num_shards)]
+    per = num_shards // process_count
+    mine = range(process_index * per, (process_index + 1) * per)
+    plan = BatchPlan(
+        index.durations,
+        spec,
+        seed=seed,
+        shuffle=train,
+        owners=owners,
+        shards=mine,
+        num_epochs=None if train else 1,
+        speeds=speeds if train else (1.0,),
+        augment_from_epoch=augment_from_epoch,
+    )
+    paths, counts, by_file = _checked_files(index, mine, num_shards)
+    in_paths = np.sort(np.concatenate([owners[q] for q in mine])) if by_file else None
+    return plan, paths, counts, in_paths
+
+
 def make_pipeline(
     *,
     data_dir: str,
@@ -321,31 +365,19 @@ def make_pipeline(
       ValueError: settings that do not fit the split.
     """
     index = records.read_split_index(data_dir, split)
-    num_shards = _check_settings(
+    plan, paths, counts, in_paths = plan_split(
         index,
         spec,
         f"{data_dir}/{split}",
-        process_index,
-        process_count,
-        speeds,
-        augment,
-        loader_shards,
-    )
-    owners = [owned_records(index.shard_num_records, q, num_shards) for q in range(num_shards)]
-    per = num_shards // process_count
-    mine = range(process_index * per, (process_index + 1) * per)
-    plan = BatchPlan(
-        index.durations,
-        spec,
         seed=seed,
-        shuffle=train,
-        owners=owners,
-        shards=mine,
-        num_epochs=None if train else 1,
-        speeds=speeds if train else (1.0,),
+        train=train,
+        process_index=process_index,
+        process_count=process_count,
+        loader_shards=loader_shards,
+        speeds=speeds,
+        augment=augment,
         augment_from_epoch=augment_from_epoch,
     )
-    paths, counts, by_file = _checked_files(index, mine, num_shards)
     load = LoadBatch(
         paths,
         counts,
@@ -355,7 +387,7 @@ def make_pipeline(
         augment=augment if train else None,
         augment_seed=seed,
         augment_from_epoch=augment_from_epoch,
-        records_in_paths=np.sort(np.concatenate([owners[q] for q in mine])) if by_file else None,
+        records_in_paths=in_paths,
         retry=retry,
     )
     return Pipeline(plan, load, index, num_workers=num_workers, prefetch=prefetch)

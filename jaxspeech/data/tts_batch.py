@@ -38,7 +38,7 @@ from jaxspeech.audio.features import num_frames
 from jaxspeech.data import pipeline as pipeline_lib
 from jaxspeech.data import reader as reader_lib
 from jaxspeech.data import records
-from jaxspeech.data.plan import PAD_INDEX, BatchPlan, BucketSpec, PlannedBatch, owned_records
+from jaxspeech.data.plan import PAD_INDEX, BucketSpec, PlannedBatch
 from jaxspeech.metrics.tts import F0_MAX_HZ, F0_MIN_HZ
 
 PAD, UNK = "<pad>", "<unk>"  # ids 0 and 1 of every phoneme table
@@ -313,23 +313,16 @@ def make_tts_pipeline(
       ValueError: settings that do not fit the split.
     """
     index = records.read_split_index(data_dir, split)
-    where = f"{data_dir}/{split}"
-    num_shards = pipeline_lib._check_settings(
-        index, spec, where, process_index, process_count, (1.0,), None, loader_shards
-    )
-    owners = [owned_records(index.shard_num_records, q, num_shards) for q in range(num_shards)]
-    per = num_shards // process_count
-    mine = range(process_index * per, (process_index + 1) * per)
-    plan = BatchPlan(
-        index.durations,
+    plan, paths, counts, in_paths = pipeline_lib.plan_split(
+        index,
         spec,
+        f"{data_dir}/{split}",
         seed=seed,
-        shuffle=train,
-        owners=owners,
-        shards=mine,
-        num_epochs=None if train else 1,
+        train=train,
+        process_index=process_index,
+        process_count=process_count,
+        loader_shards=loader_shards,
     )
-    paths, counts, by_file = pipeline_lib._checked_files(index, mine, num_shards)
     load = LoadTtsBatch(
         paths,
         counts,
@@ -338,7 +331,7 @@ def make_tts_pipeline(
         spec,
         hop_length,
         with_text=not train if with_ids is None else with_ids,
-        records_in_paths=np.sort(np.concatenate([owners[q] for q in mine])) if by_file else None,
+        records_in_paths=in_paths,
         retry=retry,
         unknown_speaker="fault" if train else "error",
     )
