@@ -12,10 +12,10 @@ from __future__ import annotations
 import json
 import os
 
-import librosa
 import numpy as np
 from array_record.python.array_record_module import ArrayRecordWriter
 
+from data_prep import stats as prep_stats
 from jaxspeech.audio import features
 from jaxspeech.data import records
 
@@ -110,29 +110,10 @@ def write_split(
 def _write_stats(split_dir: str, audios: list[np.ndarray]) -> None:
     """stats.json of the front end's log-mel over `audios` (as data_prep writes it)."""
     cfg = features.LogMelConfig()
-    count, total, total_sq = 0, 0.0, 0.0
-    for audio in audios:
-        # librosa's mel power equals the front end's (jaxspeech.audio.features.log_mel)
-        power = librosa.feature.melspectrogram(
-            y=np.asarray(audio, np.float32) / 32768.0,
-            sr=cfg.sample_rate,
-            n_fft=cfg.n_fft,
-            hop_length=cfg.hop_length,
-            win_length=cfg.win_length,
-            n_mels=cfg.num_mel_bins,
-            fmin=cfg.fmin,
-            fmax=cfg.fmax,
-            center=True,
-            pad_mode="constant",
-        )
-        mel = np.log(power.T.astype(np.float64) + cfg.log_floor)
-        count, total, total_sq = count + len(mel), total + mel.sum(0), total_sq + (mel**2).sum(0)
-    stats = {
-        "feature": cfg.as_dict(),
-        "count": count,
-        "sum": list(map(float, total)),
-        "sum_sq": list(map(float, total_sq)),
-    }
+    total = None
+    for audio in audios:  # data_prep's own statistics of the front end's log-mel
+        total = prep_stats.add_stats(total, prep_stats.feature_sums(np.asarray(audio), cfg))
+    stats = {"feature": cfg.as_dict(), **prep_stats.stats_to_json(total)}
     with open(os.path.join(split_dir, "stats.json"), "w") as f:
         json.dump(stats, f)
 
