@@ -23,8 +23,6 @@ import math
 
 import numpy as np
 import soxr
-from pesq import PesqError
-from pesq import pesq as _pesq
 
 from jaxspeech.metrics.tts import f0_rmse, mcd_dtw_waves
 
@@ -42,6 +40,10 @@ def pesq_wb(ref: np.ndarray, deg: np.ndarray, sample_rate: int) -> float:
       ValueError: PESQ cannot score the pair (a silent signal, no speech found in the
         reference, or under a quarter second of audio).
     """
+    # Imported here, not with the module: `python -m jaxspeech.evaluate` imports this module
+    # for every run, and a recognizer's evaluation should not need PESQ's C extension.
+    from pesq import PesqError, pesq
+
     ref = np.asarray(ref, np.float64)
     deg = np.asarray(deg, np.float64)
     deg = np.pad(deg[: len(ref)], (0, max(0, len(ref) - len(deg))))
@@ -53,7 +55,7 @@ def pesq_wb(ref: np.ndarray, deg: np.ndarray, sample_rate: int) -> float:
         if not np.any(x):
             raise ValueError(f"PESQ: the {name} is silent")
     try:
-        return float(_pesq(PESQ_RATE, ref, deg, "wb"))
+        return float(pesq(PESQ_RATE, ref, deg, "wb"))
     except PesqError as e:  # NoUtterancesError, BufferTooShortError: the pair, not a bug
         raise ValueError(f"PESQ: {type(e).__name__}: {e}") from e
 
