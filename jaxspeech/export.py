@@ -2,7 +2,8 @@
 stablehlo|onnx --output DIR [--int8 --calibration DATA_DIR:SPLIT]`.
 
 Flags -> `jaxspeech.serving.export.export_run`; the artifacts and the manifest are
-described there.
+described there. A synthesizer's run (config.task "tts") -> `jaxspeech.serving.tts_export`
+(`--max_frames`; the recognizer's data, scoring, int8 and streaming flags are refused).
 """
 
 from __future__ import annotations
@@ -14,16 +15,54 @@ import sys
 from absl import app, flags, logging
 
 from jaxspeech import cli
+from jaxspeech.evaluation import tts_run
 from jaxspeech.parallel import mesh as mesh_lib
 from jaxspeech.serving import export as export_lib
-from jaxspeech.serving import quantize
+from jaxspeech.serving import quantize, tts_export
 
 FLAGS = flags.FLAGS
+# The recognizer's options, which mean nothing to a synthesizer's export.
+ASR_ONLY = ("data", "eval_split", "int8", "calibration", "calibration_utts")
+ASR_ONLY += ("calibration_method", "calibration_percentile", "stream_history")
+
+
+def tts_job() -> None:
+    """A synthesizer's export (`tts_export.export_tts_run`)."""
+    manifest = tts_export.export_tts_run(
+        FLAGS.workdir,
+        FLAGS.output,
+        fmt=FLAGS.format,
+        step=FLAGS.step,
+        max_frames=FLAGS.max_frames,
+        onnx_python=FLAGS.onnx_python,
+    )
+    step, frames = manifest["run"]["step"], manifest["max_frames"]
+    print(
+        f"exported step {step} of synthesizer {FLAGS.workdir} to {FLAGS.output}: "
+        f"{', '.join(manifest['files'])} (max_frames {frames})",
+        file=sys.stderr,
+    )
+    summary = {"output": os.path.abspath(FLAGS.output), "step": step, "task": "tts"}
+    print(json.dumps(summary | {"functions": list(manifest["functions"]), "max_frames": frames}))
 
 
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         cli.usage_error(f"unexpected arguments: {argv[1:]}")
+    if tts_run.is_tts_run(FLAGS.workdir):
+        given = [f"--{name}" for name in ASR_ONLY if FLAGS[name].present]
+        if given:
+            cli.usage_error(
+                f"{', '.join(given)}: recognizer export only; {FLAGS.workdir} is a "
+                "synthesizer's run (config.task=tts)"
+            )
+        cli.run_job(tts_job)
+        return
+    if FLAGS.max_frames is not None:
+        cli.usage_error(
+            f"--max_frames: synthesizer export only; {FLAGS.workdir} is not a "
+            "synthesizer's run (config.task=tts)"
+        )
 
     def job() -> None:
         manifest = export_lib.export_run(
@@ -94,6 +133,12 @@ if __name__ == "__main__":
         None,
         "Streaming encoders with unlimited left context (left_chunks < 0): encoder frames "
         "of attention cache in the exported stream functions.",
+    )
+    flags.DEFINE_integer(
+        "max_frames",
+        None,
+        "Synthesizer runs: frames of the exported log-mel (default: twice the longest "
+        "training utterance's); longer speech is cut there and flagged.",
     )
     logging.set_verbosity(logging.WARNING)
     app.run(main, flags_parser=cli.parse_flags)

@@ -1,7 +1,7 @@
 """Token <-> frame maps of a duration-based synthesizer (FastSpeech's length regulator).
 
 A token n of duration d_n covers frames [e_n - d_n, e_n), e_n = d_1 + ... + d_n. Both maps
-find each frame's token by a binary search of t in the cumulative durations, for static
+find each frame's token by counting the cumulative durations at or below t, for static
 shapes and no loop over the data, so they run under jit with traced durations.
 Shapes: B batch, N tokens, T frames, D channels.
 """
@@ -21,7 +21,10 @@ def frame_tokens(durations_bn: jax.Array, num_frames: int) -> tuple[jax.Array, j
     """
     ends_bn = jnp.cumsum(durations_bn.astype(jnp.int32), axis=1)
     frames_t = jnp.arange(num_frames, dtype=jnp.int32)
-    index_bt = jax.vmap(lambda ends: jnp.searchsorted(ends, frames_t, side="right"))(ends_bn)
+    # A count of comparisons, not jnp.searchsorted: its binary search loops log2(N) times,
+    # which a symbolic N (the exported model's phoneme length, `serving.tts_export`)
+    # cannot give; (T, N) comparisons per row are small next to the decoder.
+    index_bt = jnp.sum(ends_bn[:, None, :] <= frames_t[None, :, None], axis=-1)
     return index_bt.astype(jnp.int32), ends_bn[:, -1]
 
 

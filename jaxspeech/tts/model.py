@@ -38,6 +38,12 @@ from jaxspeech.tts import length_regulator
 PAD_ID = 0
 
 
+def zero(x: jax.Array) -> jax.Array:
+    """A () zero of x's dtype: `jnp.where`'s fill. A Python 0 is weakly typed, which jax
+    keeps at x's dtype but jax2onnx's conversion (`serving.tts_export`) widens to 64 bits."""
+    return jnp.zeros((), x.dtype)
+
+
 class Conv1d(nnx.Module):
     """'Same' full (not depthwise) 1-D convolution over time: (B, N, Cin) -> (B, N, Cout).
 
@@ -69,7 +75,8 @@ class Conv1d(nnx.Module):
         self.dtype = dtype
 
     def __call__(self, x_bnc: jax.Array, mask_bn: jax.Array) -> jax.Array:
-        x = jnp.where(mask_bn[..., None], x_bnc.astype(self.dtype), 0)
+        x = x_bnc.astype(self.dtype)
+        x = jnp.where(mask_bn[..., None], x, zero(x))
         pad = self.pad
         y = jax.lax.conv_general_dilated(
             x,
@@ -109,7 +116,8 @@ class VariancePredictor(nnx.Module):
         kw = dict(deterministic=deterministic, rngs=rngs)
         h = self.dropout(self.norm1(jax.nn.relu(self.conv1(x_bnd, mask_bn))), **kw)
         h = self.dropout(self.norm2(jax.nn.relu(self.conv2(h, mask_bn))), **kw)
-        return jnp.where(mask_bn, self.out(h)[..., 0].astype(jnp.float32), 0.0)
+        y = self.out(h)[..., 0].astype(jnp.float32)
+        return jnp.where(mask_bn, y, zero(y))
 
 
 def durations_from_log(
@@ -123,7 +131,7 @@ def durations_from_log(
     """
     frames = jnp.round((jnp.exp(log_duration_bn.astype(jnp.float32)) - 1.0) * scale)
     frames = jnp.clip(frames, 1, max_duration).astype(jnp.int32)
-    return jnp.where(token_mask_bn, frames, 0)
+    return jnp.where(token_mask_bn, frames, zero(frames))
 
 
 class FastSpeech2(nnx.Module):
@@ -200,7 +208,7 @@ class FastSpeech2(nnx.Module):
         x = self.dropout(x, deterministic=deterministic, rngs=rngs)
         for block in self.encoder:
             x = block(x, mask, deterministic=deterministic, rngs=rngs)
-        return jnp.where(mask[..., None], x, 0), mask
+        return jnp.where(mask[..., None], x, zero(x)), mask
 
     def predict_variances(
         self,
@@ -237,13 +245,13 @@ class FastSpeech2(nnx.Module):
         h = h_bnd + self.pitch_embed(pitch_bn[..., None], mask_bn)
         h = h + self.energy_embed(energy_bn[..., None], mask_bn)
         h = self.dropout(h, **kw)
-        durations = jnp.where(mask_bn, durations_bn, 0)  # padding owns no frame
+        durations = jnp.where(mask_bn, durations_bn, zero(durations_bn))  # padding: no frame
         x, frame_mask, overflow = length_regulator.regulate(h, durations, max_frames)
         x = constrain(x, ("batch", "time", "embed"))
         for block in self.decoder:
             x = block(x, frame_mask, **kw)
         mel = self.mel_out(x).astype(jnp.float32)
-        mel = jnp.where(frame_mask[..., None], mel, 0.0)
+        mel = jnp.where(frame_mask[..., None], mel, zero(mel))
         return constrain(mel, ("batch", "time", "mel")), frame_mask, overflow
 
     def __call__(
@@ -297,7 +305,8 @@ class FastSpeech2(nnx.Module):
         if durations_bn is None:
             durations = durations_from_log(pred["log_duration"], mask, duration_scale, max_frames)
         else:
-            durations = jnp.where(mask, durations_bn, 0).astype(jnp.int32)
+            durations = durations_bn.astype(jnp.int32)
+            durations = jnp.where(mask, durations, zero(durations))
         mel, frame_mask, _ = self.decode(
             h, mask, pred["pitch"], pred["energy"], durations, max_frames, **kw
         )

@@ -1,0 +1,290 @@
+"""A synthesizer's deployment artifact (a run of config.task "tts"): `python -m
+jaxspeech.export --workdir TTS_RUN --output DIR [--format stablehlo|onnx] [--max_frames N]`.
+
+One function, `acoustic` (`jaxspeech.serving.tts_acoustic`): phoneme ids, their lengths,
+speaker ids and a per-row duration scale in; the recognizer front end's raw log-mel (the
+run's feature statistics inside), its frame mask, the durations used and a truncation
+flag out. Batch and phoneme length are symbolic; the frame axis is a static max_frames
+(default `default_max_frames`, recorded in the manifest), because the length regulator's
+output length depends on the predicted durations. Speech whose durations sum past it is
+cut there: its mask is true to the end and `truncated` says so.
+
+- stablehlo: `acoustic.stablehlo`, `jax.export`'s serialization in the run's dtype.
+- onnx: `acoustic.onnx`, float32, converted by jax2onnx in the converter's environment
+  (as the recognizer's, `make install-onnx`) and checked in onnxruntime against JAX.
+
+Beside it `manifest.json`: "task" "tts", the phoneme and speaker tables (ids are row
+numbers), sample rate, hop, mel bins, feature statistics, max_frames, the files, the
+run's step, and how to vocode ("griffin_lim"'s parameters; "vocoder" stays null until a
+neural vocoder's export fills it with its function's name in "functions").
+"""
+
+from __future__ import annotations
+
+import datetime
+import inspect
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+
+import jax
+import numpy as np
+from flax import nnx
+
+from jaxspeech import files, storage
+from jaxspeech.audio import features
+from jaxspeech.config import build, defaults
+from jaxspeech.errors import UserError
+from jaxspeech.parallel import rules
+from jaxspeech.runs import checkpoint as ckpt_lib
+from jaxspeech.runs import loading, tts_loading
+from jaxspeech.serving import export as export_lib
+from jaxspeech.serving import tts_acoustic
+from jaxspeech.tts import griffin_lim
+
+FORMAT_VERSION = 1  # readers check it; fields are only ever added within a version
+FRAME_ROUND = 64  # default max_frames is a multiple of it, as the evaluation's batches
+
+
+def default_max_frames(config) -> int:
+    """Twice the frames of the longest training utterance (the last of
+    data.bucket_boundaries: longer ones are skipped in training), for slow speech and
+    duration_scale up to ~2, rounded up to a multiple of 64: the evaluation's rule."""
+    seconds = max(config.data.bucket_boundaries)
+    rate, hop = int(config.features.sample_rate), int(config.features.hop_length)
+    frames = int(features.num_frames(int(np.ceil(seconds * rate)), hop))
+    return FRAME_ROUND * -(-2 * frames // FRAME_ROUND)
+
+
+def export_tts_run(
+    workdir: str,
+    output: str,
+    *,
+    fmt: str = "stablehlo",
+    step: int | None = None,
+    max_frames: int | None = None,
+    onnx_python: str | None = None,
+) -> dict:
+    """Export the synthesizer RUN's checkpoint (latest unless `step`) to `output`, replaced
+    whole; returns the manifest. `max_frames`: the frame axis (default
+    `default_max_frames`); `onnx_python`: the converter's interpreter (fmt "onnx").
+
+    Raises:
+      UserError: not a run, no checkpoint, an unknown format, max_frames < 1, an output
+        directory holding other files, a missing ONNX converter environment.
+    """
+    if fmt not in export_lib.FORMATS:
+        raise UserError(f"unknown export format {fmt!r}: choose one of {export_lib.FORMATS}")
+    if max_frames is not None and max_frames < 1:
+        raise UserError(f"--max_frames must be >= 1, got {max_frames}")
+    export_lib._check_output(output)
+    run = load_run(workdir, step)
+    frames = max_frames or default_max_frames(run.config)
+    stage = files.staging_dir(output)  # moved into place complete, as the recognizer's
+    try:
+        if fmt == "onnx":
+            described = export_onnx(run, frames, stage, onnx_python)
+        else:
+            described = export_stablehlo(run, frames, stage)
+        manifest = _manifest(fmt, described, run, workdir, frames, max_frames is None)
+        manifest["files"] = sorted(os.listdir(stage)) + [export_lib.MANIFEST]
+        text = json.dumps(manifest, indent=1, default=str)
+        files.atomic_write(os.path.join(stage, export_lib.MANIFEST), text)
+        files.replace_dir(stage, output)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    return manifest
+
+
+def load_run(workdir: str, step: int | None = None) -> tts_loading.TtsRun:
+    """RUN's checkpoint `step` (default: the latest) on one device: the export traces
+    one program.
+
+    Raises:
+      UserError: not a synthesizer's run, no such checkpoint, another model's checkpoint.
+    """
+    try:
+        config = loading.load_run_config(workdir)
+        if defaults.lookup(config, "task") != "tts":
+            raise UserError(f"{workdir} is not a synthesizer's run (config.task is not tts)")
+        with rules.axis_rules(build.rules_from_config(config)):
+            single = export_lib._single_device(config)
+            one = build.mesh_from_config(single, devices=jax.devices()[:1])
+            return tts_loading.load_tts_run(workdir, step=step, mesh=one, config=config)
+    except (FileNotFoundError, ValueError, ckpt_lib.CheckpointError) as e:
+        raise UserError(str(e)) from e
+
+
+def export_stablehlo(run: tts_loading.TtsRun, max_frames: int, output: str) -> dict:
+    """Write acoustic.stablehlo (the run's dtype; parameters inside as constants); returns
+    the manifest's "functions"."""
+    fn = tts_acoustic.acoustic_function(
+        run.spec.graphdef,
+        jax.device_get(run.params),
+        jax.device_get(run.model_vars),
+        max_frames,
+        float(run.config.features.log_floor),
+    )
+    specs = tts_acoustic.argument_specs()
+    exported = jax.export.export(jax.jit(fn), platforms=("cpu", "cuda", "tpu"))(*specs)
+    name = tts_acoustic.NAME
+    files.atomic_write(os.path.join(output, f"{name}.stablehlo"), exported.serialize())
+    return {
+        name: {
+            "file": f"{name}.stablehlo",
+            "inputs": export_lib._describe(list(tts_acoustic.INPUTS), exported.in_avals),
+            "outputs": export_lib._describe(list(tts_acoustic.OUTPUTS), exported.out_avals),
+            "platforms": list(exported.platforms),
+        }
+    }
+
+
+def check_inputs(num_phonemes: int, num_speakers: int, b: int, n: int, seed: int = 0) -> dict:
+    """Concrete inputs: `b` rows of `n` random phonemes (ids >= 1) with ragged lengths (the
+    last row full), speakers in turn, duration scales around 1."""
+    rng = np.random.default_rng(seed)
+    lengths = np.linspace(max(1, n // 2), n, b).astype(np.int32)
+    return {
+        "phonemes": rng.integers(1, num_phonemes, (b, n)).astype(np.int32),
+        "phoneme_len": lengths,
+        "speaker": (np.arange(b) % num_speakers).astype(np.int32),
+        "duration_scale": np.linspace(0.8, 1.25, b).astype(np.float32),
+    }
+
+
+def export_onnx(
+    run: tts_loading.TtsRun, max_frames: int, output: str, onnx_python: str | None
+) -> dict:
+    """Write acoustic.onnx (float32, converted in the converter's environment) and check it
+    in onnxruntime against the float32 JAX function; returns the manifest's "functions".
+
+    Raises:
+      UserError: the converter's environment is missing.
+      RuntimeError: the conversion failed, or the ONNX function differs from JAX's.
+    """
+    import onnxruntime as ort  # noqa: PLC0415 (the `onnx` extra)
+
+    config, assets = run.config, run.assets
+    arguments = tts_loading.model_arguments(config, assets.table.size, len(assets.speakers))
+    arguments["dtype"] = export_lib.ONNX_DTYPE
+    params = jax.tree.map(lambda x: np.asarray(x, np.float32), jax.device_get(run.params))
+    extra = {"max_frames": max_frames, "log_floor": float(config.features.log_floor)}
+    with tempfile.TemporaryDirectory(dir=output, prefix=".stage-") as where:
+        tts_acoustic.stage(arguments, params, jax.device_get(run.model_vars), extra, where)
+        report = _run_converter(where, output, onnx_python or export_lib.default_onnx_python())
+    # What the ONNX file must equal: the float32 model the converter built.
+    graphdef = nnx.graphdef(tts_acoustic.abstract_model(arguments))
+    stats = jax.device_get(run.model_vars)
+    fn = tts_acoustic.acoustic_function(graphdef, params, stats, **extra)
+    session = ort.InferenceSession(
+        os.path.join(output, report["file"]), providers=["CPUExecutionProvider"]
+    )
+    feeds = check_inputs(assets.table.size, len(assets.speakers), 2, 7)
+    got = session.run(None, feeds)
+    want = jax.jit(fn)(*feeds.values())
+    diff = max(
+        float(np.max(np.abs(np.asarray(g, np.float64) - np.asarray(w, np.float64))))
+        for g, w in zip(got, want, strict=True)
+    )
+    if diff > export_lib.ONNX_TOLERANCE:
+        raise RuntimeError(f"acoustic.onnx differs from the JAX function by {diff:.3g}")
+    return {
+        tts_acoustic.NAME: {
+            "file": report["file"],
+            "inputs": export_lib._describe_onnx(session.get_inputs()),
+            "outputs": export_lib._describe_onnx(session.get_outputs()),
+            "dtype": export_lib.ONNX_DTYPE,
+            "max_abs_diff_vs_jax": diff,
+            "conversion_seconds": report["seconds"],
+        }
+    }
+
+
+def _run_converter(where: str, output: str, onnx_python: str) -> dict:
+    """`python -m jaxspeech.serving.tts_acoustic` in the converter's environment, as
+    `export_lib.run_converter` runs the recognizer's -> its report."""
+    if not os.path.exists(onnx_python):
+        raise UserError(
+            f"the ONNX converter's environment is missing ({onnx_python}): run "
+            "`make install-onnx`, or pass --onnx_python (or set JAXSPEECH_ONNX_PYTHON)"
+        )
+    env = dict(os.environ, PYTHONPATH=export_lib.REPO_ROOT, JAX_PLATFORMS="cpu")
+    env.pop("XLA_FLAGS", None)
+    cmd = [onnx_python, "-m", "jaxspeech.serving.tts_acoustic", "--input", where]
+    proc = subprocess.run(cmd + ["--output", output], capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"ONNX conversion failed ({' '.join(cmd)}):\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def vocoding_section(config) -> dict:
+    """The manifest's "griffin_lim": what `jaxspeech.tts.griffin_lim.griffin_lim` runs on
+    the valid frames of one row, so that a runtime without jaxspeech can do the same."""
+    defaults = inspect.signature(griffin_lim.griffin_lim).parameters
+    f = config.features
+    return {
+        "call": "jaxspeech.tts.griffin_lim.griffin_lim_batch(log_mel, frame_mask, "
+        "LogMelConfig(**the features' LogMelConfig fields))",
+        "mel_to_power": "max(exp(log_mel) - log_floor, 0)",
+        "mel_to_linear": "librosa.util.nnls(slaney mel filterbank (htk=False, norm='slaney'),"
+        " mel power), then sqrt: a magnitude spectrogram",
+        "n_fft": int(f.n_fft),
+        "win_length": int(f.win_length),
+        "hop_length": int(f.hop_length),
+        "window": "hann (periodic)",
+        "center": True,
+        "pad_mode": "constant",
+        "n_iter": defaults["n_iter"].default,
+        "momentum": defaults["momentum"].default,
+        "init": "random",
+        "seed": defaults["seed"].default,
+        "samples_per_frame": int(f.hop_length),
+    }
+
+
+def _manifest(
+    fmt: str, functions: dict, run: tts_loading.TtsRun, workdir: str, max_frames: int, auto: bool
+) -> dict:
+    """The manifest but its "files"."""
+    config, assets = run.config, run.assets
+    f = config.features
+    speakers = sorted(assets.speakers, key=assets.speakers.get)
+    return {
+        "format_version": FORMAT_VERSION,
+        "task": "tts",
+        "format": fmt,
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "jax": jax.__version__,
+        "functions": functions,
+        "max_frames": max_frames,
+        "max_frames_source": "default: twice the longest training utterance's frames"
+        if auto
+        else "--max_frames",
+        "truncation": "rows whose durations sum past max_frames are cut there: frame_mask "
+        "is all true and truncated is true (sum(durations) > max_frames)",
+        "phonemes": {"table": list(assets.table.tokens), "pad_id": 0, "unk_id": 1},
+        "speakers": {"table": speakers},
+        "audio": {"sample_rate": int(f.sample_rate), "dtype": "float32", "range": "[-1, 1]"},
+        "hop_length": int(f.hop_length),
+        "n_mels": int(f.num_mel_bins),
+        "features": f.to_dict()
+        | {
+            "units": "natural log of mel power + log_floor (the recognizer's front end); "
+            "frames past frame_mask hold log(log_floor)",
+            "normalization": "undone inside: log_mel = model output * std + mean",
+            "mean": np.asarray(assets.mean, np.float64).tolist(),
+            "std": np.asarray(assets.std, np.float64).tolist(),
+        },
+        "pitch": {"log_f0_mean": assets.pitch_mean, "log_f0_std": assets.pitch_std},
+        "vocoder": None,
+        "griffin_lim": vocoding_section(config),
+        "run": {
+            "workdir": storage.absolute(workdir),
+            "step": run.step,
+            "params_fingerprint": ckpt_lib.fingerprint(run.params),
+            "config": config.to_dict(),
+        },
+    }
