@@ -19,10 +19,13 @@ DEMO_NATURAL ?= 80
 # grammar's test split worse at this budget (docs/results.md, section 1a).
 DEMO_NATURAL_SHARE ?= 0
 NATURAL_SPLITS := test_natural_clean test_natural_noisy
-# The text-to-speech demo: FastSpeech2 (configs/tts.py) on the demo corpus's phonemes,
-# evaluated on its tts_heldout split with the recognizer of DEMO_RUN.
+# The text-to-speech demo: FastSpeech2 (configs/tts.py) on the demo corpus's phonemes and
+# a HiFi-GAN vocoder (configs/vocoder.py) on its audio, evaluated on its tts_heldout split
+# with the recognizer of DEMO_RUN, vocoded by Griffin-Lim and by the HiFi-GAN.
 DEMO_TTS_RUN := runs/demo-tts
 DEMO_TTS_CONFIG ?= configs/tts.py
+DEMO_VOCODER_RUN := runs/demo-vocoder
+DEMO_VOCODER_CONFIG ?= configs/vocoder.py
 comma := ,
 space := $(subst ,, )
 
@@ -139,13 +142,16 @@ $(DEMO_RUN)/config.json: | $(DEMO_DATA)/shards/.tts_heldout
 	@echo "make demo-tts: no recognizer run in $(DEMO_RUN): training it first (make demo)"
 	$(MAKE) demo
 
-# Trains the synthesizer (the trainer evaluates it on tts_heldout at the end), then scores
-# the speech it synthesizes for tts_heldout, the recognizer of DEMO_RUN transcribing it.
+# Trains the synthesizer and the vocoder (the trainer evaluates each on tts_heldout at the
+# end), then scores the speech synthesized for tts_heldout, vocoded by Griffin-Lim and by
+# the vocoder, the recognizer of DEMO_RUN transcribing it.
 demo-tts: $(DEMO_DATA)/shards/.tts_heldout $(DEMO_RUN)/config.json
 	$(PY) -m jaxspeech.train --config $(DEMO_TTS_CONFIG) --workdir $(DEMO_TTS_RUN) \
 	    --config.data.dir=$(DEMO_DATA)/shards
+	$(PY) -m jaxspeech.train --config $(DEMO_VOCODER_CONFIG) --workdir $(DEMO_VOCODER_RUN) \
+	    --config.data.dir=$(DEMO_DATA)/shards
 	$(PY) -m jaxspeech.evaluate --workdir $(DEMO_TTS_RUN) --data $(DEMO_DATA)/shards \
-	    --split tts_heldout --asr_workdir $(DEMO_RUN)
+	    --split tts_heldout --asr_workdir $(DEMO_RUN) --vocoder_workdir $(DEMO_VOCODER_RUN)
 
 # JAXSPEECH_REQUIRE_ONNX: the ONNX tests fail, not skip, if the converter is missing.
 # worksteal: each worker starts on one contiguous half of the tests (a module's tests stay

@@ -14,6 +14,8 @@ F0 RMSE, and with `--asr_workdir ASR_RUN` that recognizer's CER / WER on the syn
 and on the real speech (intelligibility: an automatic stand-in for MOS); one JSON line per
 split, written to RUN/eval/<split>-step<N>-synthesis.json with -synthesis-utts.jsonl, and
 samples in RUN/eval/samples/ and TensorBoard. `--max_utterances N`: each split's first N.
+`--vocoder_workdir VOCODER_RUN`: a trained HiFi-GAN (config.task "vocoder") on the same
+front end vocodes the synthesized speech beside Griffin-Lim; every measure is taken for both.
 
 Flags -> `jaxspeech.evaluation.run.evaluate_splits` (or `jaxspeech.evaluation.watcher.watch`,
 or `jaxspeech.evaluation.tts_run.evaluate_tts_splits`).
@@ -77,6 +79,7 @@ def evaluate_synthesizer(splits: list[str] | None) -> None:
         beam=FLAGS.beam,
         decoding=decoding,
         max_utterances=FLAGS.max_utterances,
+        vocoder_workdir=FLAGS.vocoder_workdir,
     ):
         print_result(result)
 
@@ -90,10 +93,15 @@ def main(argv: list[str]) -> None:
         if tts_run.is_tts_run(FLAGS.workdir):
             evaluate_synthesizer(splits)
             return
-        if FLAGS.asr_workdir or FLAGS.max_utterances is not None:
+        if tts_run.run_task(FLAGS.workdir) == "vocoder":
             cli.usage_error(
-                "--asr_workdir and --max_utterances are for a synthesizer's run "
-                f"(config.task=tts); {FLAGS.workdir} is not one"
+                f"{FLAGS.workdir} is a vocoder's run: its training evaluates it (RUN/eval); "
+                "score it on a synthesizer's speech with --workdir TTS_RUN --vocoder_workdir"
+            )
+        if FLAGS.asr_workdir or FLAGS.vocoder_workdir or FLAGS.max_utterances is not None:
+            cli.usage_error(
+                "--asr_workdir, --vocoder_workdir and --max_utterances are for a "
+                f"synthesizer's run (config.task=tts); {FLAGS.workdir} is not one"
             )
         if FLAGS.watch and FLAGS.step is not None:
             cli.usage_error("--step and --watch exclude each other (--watch scores every step)")
@@ -157,6 +165,12 @@ if __name__ == "__main__":
         "A synthesizer's run only: a recognizer run (jaxspeech.train) that transcribes the "
         "synthesized and the real speech; its CER / WER and their ratio measure "
         "intelligibility (the decoding flags apply to it).",
+    )
+    flags.DEFINE_string(
+        "vocoder_workdir",
+        None,
+        "A synthesizer's run only: a vocoder run (configs/vocoder.py) on the same front end "
+        "that vocodes the synthesized speech beside Griffin-Lim; both are scored.",
     )
     flags.DEFINE_integer(
         "max_utterances",

@@ -1,6 +1,7 @@
 """`make demo`'s and `make demo-tts`'s commands, read with `make -n` (nothing runs): every
-step reads and writes the corpus and runs that DEMO_DATA, DEMO_RUN and DEMO_TTS_RUN name, so
-a second corpus (another natural share, another size) is trained on, not the default one."""
+step reads and writes the corpus and runs that DEMO_DATA, DEMO_RUN, DEMO_TTS_RUN and
+DEMO_VOCODER_RUN name, so a second corpus (another natural share, another size) is trained
+on, not the default one."""
 
 import re
 import shutil
@@ -45,11 +46,14 @@ def _commands(*args: str) -> list[str]:
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
 def test_demo_tts_steps(tmp_path):
     data, run, tts_run = tmp_path / "corpus", tmp_path / "run", tmp_path / "tts"
+    voc = tmp_path / "vocoder"
     args = ["demo-tts", f"DEMO_DATA={data}", f"DEMO_RUN={run}", f"DEMO_TTS_RUN={tts_run}"]
-    # No recognizer run yet: `make demo` trains it first, then the synthesizer trains.
+    args.append(f"DEMO_VOCODER_RUN={voc}")
+    # No recognizer run yet: `make demo` trains it first, then the synthesizer and the
+    # vocoder train.
     commands = _commands(*args)
     train = [c for c in commands if "-m jaxspeech.train" in c]
-    assert len(train) == 2 and "--config configs/demo.py" in train[0], train
+    assert len(train) == 3 and "--config configs/demo.py" in train[0], train
     assert f"--workdir {run}" in train[0]
     # The corpus: a stale one (no phonemes, no tts_heldout split) is named in one line,
     # then tts_heldout is prepared with its phonemes required.
@@ -59,16 +63,18 @@ def test_demo_tts_steps(tmp_path):
     assert len(prepare) == 1 and "--require_phonemes" in prepare[0]
     assert f"--input {data}/raw/tts_heldout/manifest.jsonl" in prepare[0]
     assert f"--output {data}/shards" in prepare[0] and "--split tts_heldout" in prepare[0]
-    # A recognizer run exists: reused, only the synthesizer trains.
+    # A recognizer run exists: reused, only the synthesizer and the vocoder train.
     run.mkdir()
     (run / "config.json").write_text("{}")
     commands = _commands(*args, "DEMO_TTS_CONFIG=configs/tts.py:tiny")
     train = [c for c in commands if "-m jaxspeech.train" in c]
-    assert len(train) == 1 and "--config configs/tts.py:tiny" in train[0], train
+    assert len(train) == 2 and "--config configs/tts.py:tiny" in train[0], train
     assert f"--workdir {tts_run}" in train[0] and f"--config.data.dir={data}/shards" in train[0]
+    assert "--config configs/vocoder.py" in train[1] and f"--workdir {voc}" in train[1]
+    assert f"--config.data.dir={data}/shards" in train[1]
     evaluate = [c for c in commands if "-m jaxspeech.evaluate" in c]
     assert len(evaluate) == 1 and evaluate[0].endswith(
         f" -m jaxspeech.evaluate --workdir {tts_run} --data {data}/shards "
-        f"--split tts_heldout --asr_workdir {run}"
+        f"--split tts_heldout --asr_workdir {run} --vocoder_workdir {voc}"
     )
     assert not any("no recognizer run" in c or "configs/demo.py" in c for c in commands)

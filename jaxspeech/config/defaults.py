@@ -29,9 +29,10 @@ def get_config() -> ConfigDict:
     """A fresh ConfigDict of every key at its default."""
     c = ConfigDict()
     c.seed = 0  # every random stream (init, data order, SpecAugment) derives from it
-    # What the trainer learns: "asr" (the recognizer of config.model) or "tts" (the
-    # synthesizer of config.tts, on records with phonemes and durations); one trainer,
-    # one loop, the task's model and data (jaxspeech.training.task).
+    # What the trainer learns: "asr" (the recognizer of config.model), "tts" (the
+    # synthesizer of config.tts, on records with phonemes and durations) or "vocoder"
+    # (HiFi-GAN of config.vocoder, on any prepared audio); one trainer, one loop, the
+    # task's model and data (jaxspeech.training.task).
     c.task = "asr"
     # A run directory (its latest checkpoint) or RUN/checkpoints/<step> whose parameters
     # start this run (fine-tuning); used only when the workdir has no checkpoint yet.
@@ -45,6 +46,7 @@ def get_config() -> ConfigDict:
     _optim(c)
     _distill(c)
     _tts(c)
+    _vocoder(c)
     _train(c)
     _monitor(c)
     _mesh(c)
@@ -347,6 +349,37 @@ def _tts(c: ConfigDict) -> None:
     # Train utterances whose voiced frames set the log-F0 normalization (mean, std), read
     # once into RUN/assets/pitch_stats.json: evenly spaced over the split.
     c.tts.pitch_utterances = 256
+
+
+def _vocoder(c: ConfigDict) -> None:
+    # config.task = "vocoder": HiFi-GAN (jaxspeech/tts/hifigan.py) learns to turn the
+    # recognizer's raw log-mel (config.features) back into the train split's audio, on
+    # random fixed-length segments (jaxspeech.training.vocoder_task). Its own optimizers
+    # (HiFi-GAN's AdamW for the generator and the discriminators); config.optim is unused.
+    c.vocoder = ConfigDict()  # the neural vocoder (config.task = "vocoder")
+    # Samples per training segment (HiFi-GAN's 8192: 0.51 s at 16 kHz); a shorter
+    # utterance is padded and its padding masked out of every loss.
+    c.vocoder.segment_samples = 8192
+    c.vocoder.batch_size = 16  # segments per step (global), HiFi-GAN's V1
+    c.vocoder.generator_channels = 512  # the first stage's width, halved at each of 4 (V1 512)
+    c.vocoder.resblocks = 3  # residual blocks per stage: kernels 3, 7, 11, the first this many
+    # Discriminator sizes: "paper" (MPD + MSD, 70.7 M parameters), "demo" (0.33 M, for CPU
+    # runs), "tiny" (2 periods, 2 scales, a few channels: tests).
+    c.vocoder.discriminator = "paper"
+    c.vocoder.learning_rate = 2e-4  # both optimizers' initial rate (HiFi-GAN's)
+    c.vocoder.b1 = 0.8  # AdamW's first-moment decay (HiFi-GAN's 0.8)
+    c.vocoder.b2 = 0.99  # AdamW's second-moment decay (HiFi-GAN's 0.99)
+    c.vocoder.weight_decay = 0.01  # AdamW's decoupled decay (PyTorch's default, HiFi-GAN's)
+    # Exponential decay: the rate is multiplied by lr_decay every lr_decay_steps steps
+    # (HiFi-GAN: 0.999 per epoch of LJSpeech, ~820 steps of 16 segments).
+    c.vocoder.lr_decay = 0.999  # the factor ...
+    c.vocoder.lr_decay_steps = 820  # ... applied every this many steps
+    c.vocoder.mel_weight = 45.0  # the generator's loss: 45 x log-mel L1 (the paper's) ...
+    c.vocoder.feature_weight = 2.0  # ... + 2 x feature matching ...
+    c.vocoder.adversarial_weight = 1.0  # ... + 1 x least-squares adversarial
+    # Utterances of each eval split that are also vocoded by Griffin-Lim (on the host) and
+    # scored by MCD-DTW for both vocoders (0 = none); the mel L1 covers the whole split.
+    c.vocoder.eval_utterances = 8
 
 
 def _train(c: ConfigDict) -> None:

@@ -43,13 +43,16 @@ __all__ = ["CHOICES", "FILES", "RANGES", "mistakes", "split_names", "validate"]
 OPTIMIZERS = ("adamw",)
 DECAYS = ("cosine", "noam", "constant")
 # What jaxspeech.training.task trains (config.task).
-TASKS = ("asr", "tts")
+TASKS = ("asr", "tts", "vocoder")
+# The discriminator sizes jaxspeech.runs.vocoder_loading builds (config.vocoder.discriminator).
+VOCODER_DISCRIMINATORS = ("paper", "demo", "tiny")
 
 # key -> its allowed values, from the code that reads the key. decoding.method is checked
 # by jaxspeech.decoding.search and the sync keys by jaxspeech.parallel.sync (their own
 # lines); the others here.
 CHOICES: dict[str, tuple] = {
     "task": TASKS,
+    "vocoder.discriminator": VOCODER_DISCRIMINATORS,
     "features.kind": mfcc.FEATURE_KINDS,
     "model.encoder": tuple(ENCODERS),
     "model.head": asr.HEADS,
@@ -395,7 +398,10 @@ def _tts(c: ConfigDict, report: Report) -> None:
     """config.task: a known task; with "tts", the synthesizer's settings (checked only
     then) and what it needs of the shared ones: log-mel targets, all-reduce learners, no
     pipeline stages, no distillation."""
-    if not _choice(c, "task", report) or c.task != "tts":
+    if not _choice(c, "task", report) or c.task == "asr":
+        return
+    if c.task == "vocoder":
+        _vocoder(c, report)
         return
     if ranges.check(c, under("tts."), report):
         m = c.tts.model
@@ -414,6 +420,29 @@ def _tts(c: ConfigDict, report: Report) -> None:
     for key, (value, why) in needs.items():
         if get(c, key) != value:
             report(f"task=tts needs {key}={value!r} ({why}), got {show(get(c, key))}")
+
+
+def _vocoder(c: ConfigDict, report: Report) -> None:
+    """task=vocoder: its own settings, and what its two-model step does not support (one
+    line each): it inverts log-mel, updates both models once per step on the whole batch,
+    all-reduce only, no pipeline stages, no distillation."""
+    _choice(c, "vocoder.discriminator", report)
+    if ranges.check(c, under("vocoder."), report) and c.vocoder.generator_channels % 16:
+        report(
+            "vocoder.generator_channels must be a multiple of 16 (halved at each of the 4 "
+            f"upsampling stages), got {c.vocoder.generator_channels}"
+        )
+    needs = {
+        "features.kind": ("log_mel", "the vocoder inverts log-mel frames"),
+        "features.hop_length": (160, "the generator upsamples 5 x 4 x 4 x 2"),
+        "train.grad_accum": (1, "the step updates the discriminator, then the generator"),
+        "sync.strategy": ("allreduce", "the step has two models and two optimizers"),
+        "mesh.stage": (1, "pipeline stages split the recognizer's encoder"),
+        "distill.other_split": ("", "distillation trains a recognizer"),
+    }
+    for key, (value, why) in needs.items():
+        if get(c, key) != value:
+            report(f"task=vocoder needs {key}={value!r} ({why}), got {show(get(c, key))}")
 
 
 def _train(c: ConfigDict, report: Report) -> None:

@@ -1,6 +1,6 @@
 """Evaluate a trained synthesizer (a run whose config.task is "tts"):
 `python -m jaxspeech.evaluate --workdir TTS_RUN --data DIR --split dev,test
-[--asr_workdir ASR_RUN] [--max_utterances N]`.
+[--asr_workdir ASR_RUN] [--vocoder_workdir VOCODER_RUN] [--max_utterances N]`.
 
 Every utterance of each split is synthesized from its phonemes for its speaker, twice
 (`tts_scores`): with the model's own durations (the real use) and with the recording's
@@ -9,7 +9,11 @@ phoneme durations (in step with the recording), both vocoded by Griffin-Lim
 and voicing error. With `asr_workdir`, a trained recognizer (`evaluation.recognize`)
 transcribes the predicted-duration speech and the recordings themselves: its CER / WER on
 both and their ratio, synthesized over real, measure intelligibility, an automatic stand-in
-for a listening test's MOS (it says nothing of naturalness).
+for a listening test's MOS (it says nothing of naturalness). With `vocoder_workdir`, a
+trained HiFi-GAN (`evaluation.vocoder`, a run of config.task "vocoder" on the same front
+end) vocodes the same two syntheses too: every measure, the recognizer's included, is
+taken for both vocoders, Griffin-Lim's at the top level of rows and summary as before,
+HiFi-GAN's beside them under "hifigan", and each kept sample is written for both.
 
 A synthesizer speaks only its training voices and phonemes: an utterance whose speaker or
 phonemes are not in the run's tables (RUN/assets) is skipped and counted with its reason,
@@ -47,6 +51,8 @@ from jaxspeech.data import records, tts_batch
 from jaxspeech.errors import UserError
 from jaxspeech.evaluation import scoring, tts_scores
 from jaxspeech.evaluation.recognize import WaveRecognizer
+from jaxspeech.evaluation.vocoder import NAME as NEURAL
+from jaxspeech.evaluation.vocoder import NeuralVocoder, load_checked_vocoder
 from jaxspeech.metrics import images
 from jaxspeech.metrics.wer import ErrorCounts
 from jaxspeech.metrics.writers import MetricWriter
@@ -55,6 +61,7 @@ from jaxspeech.parallel import rules
 from jaxspeech.runs import checkpoint as ckpt_lib
 from jaxspeech.runs import loading, remote, tts_assets
 from jaxspeech.runs.tts_loading import TtsRun, denormalized, load_tts_run, unit_rows
+from jaxspeech.runs.vocoder_loading import VocoderRun
 from jaxspeech.tts.griffin_lim import griffin_lim
 from jaxspeech.tts.model import make_synthesize_fn
 
@@ -71,13 +78,19 @@ INTELLIGIBILITY_NOTE = (
 )
 
 
+def run_task(workdir: str) -> str | None:
+    """config.task of the run in `workdir` (None: not a run, which the recognizer's
+    evaluation reports)."""
+    try:
+        return defaults.lookup(loading.load_run_config(workdir), "task")
+    except FileNotFoundError:
+        return None
+
+
 def is_tts_run(workdir: str) -> bool:
     """Whether `workdir` is a finished run of config.task "tts" (False for a recognizer
     and for anything that is not a run, which the recognizer's evaluation reports)."""
-    try:
-        return defaults.lookup(loading.load_run_config(workdir), "task") == "tts"
-    except FileNotFoundError:
-        return False
+    return run_task(workdir) == "tts"
 
 
 # ---------------------------------------------------------------- the split's utterances
@@ -266,14 +279,20 @@ class SplitEvaluation:
         recognizer: WaveRecognizer | None,
         writer: MetricWriter,
         out_dir: str,
+        vocoder_run: VocoderRun | None = None,
     ):
         self.run, self.split, self.index, self.count = run, split, index, count
         self.recognizer, self.writer, self.out_dir = recognizer, writer, out_dir
         self.cfg = build.feature_config(run.config)
         self.synthesize = Synthesizer(run, *split_shape(index, count, self.cfg.hop_length))
+        self.neural = None  # HiFi-GAN at the synthesis batches' frames: one compilation
+        if vocoder_run is not None:
+            self.neural = NeuralVocoder(vocoder_run, self.synthesize.frames_n)
         self.rows: list[dict] = []
         self.skipped: list[dict] = []
         self.counts = {"synthesized": ErrorCounts(), "real": ErrorCounts()}
+        if self.neural is not None:
+            self.counts[NEURAL] = ErrorCounts()  # HiFi-GAN's synthesized speech
 
     def run_all(self) -> dict:
         """Every record of the split's first `count`, `CHUNK` at a time -> `result`."""
@@ -288,10 +307,13 @@ class SplitEvaluation:
         return self.result(time.time() - t0)
 
     def _chunk(self, utts: list[Utterance]) -> None:
-        """Synthesize, vocode and score `utts`; rows appended to `self.rows`."""
+        """Synthesize, vocode (Griffin-Lim, and HiFi-GAN when given) and score `utts`;
+        rows appended to `self.rows`."""
         sr, cfg = self.cfg.sample_rate, self.cfg
-        predicted_waves = []
-        for u, (p_mel, a_mel, truncated) in zip(utts, self.synthesize(utts)):
+        predicted_waves, neural_waves = [], []
+        synthesized = self.synthesize(utts)
+        neural = self._neural(synthesized)
+        for i, (u, (p_mel, a_mel, truncated)) in enumerate(zip(utts, synthesized)):
             predicted = griffin_lim(p_mel, cfg)
             aligned = griffin_lim(a_mel, cfg)[: len(u.audio)]  # T * hop >= S samples
             row = {
@@ -303,16 +325,39 @@ class SplitEvaluation:
                 "synthesized_seconds": round(len(predicted) / sr, 3),
                 "truncated": truncated,
             }
-            self.rows.append(row | tts_scores.score_utterance(u.audio, predicted, aligned, sr))
+            row |= tts_scores.score_utterance(u.audio, predicted, aligned, sr)
+            if neural:
+                n_predicted, n_aligned = neural[i]
+                neural_waves.append(n_predicted)
+                row[NEURAL] = tts_scores.score_utterance(
+                    u.audio, n_predicted, n_aligned[: len(u.audio)], sr
+                )
+            self.rows.append(row)
             predicted_waves.append(predicted)
             if len(self.rows) <= SAMPLES:
-                self._keep_sample(u, predicted, p_mel, a_mel)
+                self._keep_sample(u, predicted, p_mel, a_mel, neural[i][0] if neural else None)
         if self.recognizer is not None and utts:
-            self._recognize(utts, predicted_waves, self.rows[len(self.rows) - len(utts) :])
+            rows = self.rows[len(self.rows) - len(utts) :]
+            self._recognize(utts, predicted_waves, rows, neural_waves)
 
-    def _recognize(self, utts: list[Utterance], predicted: list[np.ndarray], rows: list[dict]):
-        """The recognizer's hypotheses and error rates on the synthesized and the real
-        speech of `utts`, added to their `rows` and to the split's counts."""
+    def _neural(self, synthesized: list) -> list[tuple[np.ndarray, np.ndarray]]:
+        """HiFi-GAN's (predicted, aligned) waveforms of `synthesized` ([] without it)."""
+        if self.neural is None or not synthesized:
+            return []
+        predicted = self.neural([p for p, _, _ in synthesized])
+        aligned = self.neural([a for _, a, _ in synthesized])
+        return list(zip(predicted, aligned))
+
+    def _recognize(
+        self,
+        utts: list[Utterance],
+        predicted: list[np.ndarray],
+        rows: list[dict],
+        neural: list[np.ndarray],
+    ):
+        """The recognizer's hypotheses and error rates on the synthesized (by each
+        vocoder) and the real speech of `utts`, added to their `rows` (HiFi-GAN's under
+        row["hifigan"], as "synthesized") and to the split's counts."""
         sr, asr = self.cfg.sample_rate, self.recognizer
         # The longest synthesis possible: one width for every batch of the split.
         seconds = self.synthesize.frames_n * self.cfg.hop_length / sr
@@ -320,27 +365,32 @@ class SplitEvaluation:
             "synthesized": asr.transcribe(predicted, sr, seconds),
             "real": asr.transcribe([u.audio for u in utts], sr, seconds),
         }
+        if neural:
+            hyps[NEURAL] = asr.transcribe(neural, sr, seconds)
         for i, (u, row) in enumerate(zip(utts, rows)):
             row["ref"] = asr.normalize(u.text)
             for kind, counts in self.counts.items():
                 c = asr.score(counts, u.text, hyps[kind][i])
-                row[f"hyp_{kind}"] = hyps[kind][i]
-                row[f"cer_{kind}"] = round(c["char_errors"] / max(c["chars"], 1), 4)
-                row[f"wer_{kind}"] = round(c["word_errors"] / max(c["words"], 1), 4)
+                where, name = (row[NEURAL], "synthesized") if kind == NEURAL else (row, kind)
+                where[f"hyp_{name}"] = hyps[kind][i]
+                where[f"cer_{name}"] = round(c["char_errors"] / max(c["chars"], 1), 4)
+                where[f"wer_{name}"] = round(c["word_errors"] / max(c["words"], 1), 4)
 
-    def _keep_sample(self, u: Utterance, predicted: np.ndarray, p_mel, a_mel) -> None:
-        """The predicted-duration speech as RUN/eval/samples/<split>-step<N>-<id>.wav and
-        TensorBoard audio; the recording's, the aligned and the predicted mel as one
-        image (top to bottom)."""
+    def _keep_sample(self, u: Utterance, predicted: np.ndarray, p_mel, a_mel, neural) -> None:
+        """The predicted-duration speech as RUN/eval/samples/<split>-step<N>-<id>.wav
+        (HiFi-GAN's, when given, as ...-<id>-hifigan.wav) and TensorBoard audio; the
+        recording's, the aligned and the predicted mel as one image (top to bottom)."""
         step, sr = self.run.step, self.cfg.sample_rate
-        name = f"{self.split}-step{step}-{u.id.replace('/', '_')}.wav"
-        path = os.path.join(self.out_dir, SAMPLES_DIR, name)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        buf = io.BytesIO()
-        sf.write(buf, np.clip(predicted, -1.0, 1.0), sr, format="WAV", subtype="PCM_16")
-        files.atomic_write(path, buf.getvalue())
+        stem = f"{self.split}-step{step}-{u.id.replace('/', '_')}"
         tag = f"synthesis/{self.split}/{u.id}"
-        self.writer.audio(step, tag, predicted, sr)
+        waves = [("", predicted)] + ([(f"-{NEURAL}", neural)] if neural is not None else [])
+        for suffix, wave in waves:
+            path = os.path.join(self.out_dir, SAMPLES_DIR, f"{stem}{suffix}.wav")
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            buf = io.BytesIO()
+            sf.write(buf, np.clip(wave, -1.0, 1.0), sr, format="WAV", subtype="PCM_16")
+            files.atomic_write(path, buf.getvalue())
+            self.writer.audio(step, tag + suffix.replace("-", "/"), wave, sr)
         ref = reference_log_mel(u.audio, self.cfg)
         lo, hi = np.percentile(ref, 1), np.percentile(ref, 99)  # one scale for the three
         pictures = [images.spectrogram_image(x, lo=lo, hi=hi) for x in (ref, a_mel, p_mel)]
@@ -361,14 +411,16 @@ class SplitEvaluation:
             "skipped_examples": self.skipped[:5],
             **tts_scores.summarize(self.rows),
             "truncated": sum(r["truncated"] for r in self.rows),
-            "vocoder": "griffin_lim",
+            "vocoder": "griffin_lim",  # the top level's; HiFi-GAN's under "hifigan"
         }
         if self.recognizer is not None:
             out |= self._intelligibility()
-        scalars = {k: v for k, v in out.items() if k in SCALARS and v is not None}
-        self.writer.scalars(
-            self.run.step, {f"synthesis/{self.split}/{k}": v for k, v in scalars.items()}
-        )
+        if self.neural is not None:
+            out[NEURAL] = self._neural_summary(out)
+        scalars = {f"synthesis/{self.split}/{k}": v for k, v in out.items() if k in SCALARS}
+        for k, v in out.get(NEURAL, {}).items():
+            scalars[f"synthesis/{self.split}/{NEURAL}/{k}"] = v if k in SCALARS else None
+        self.writer.scalars(self.run.step, {k: v for k, v in scalars.items() if v is not None})
         examples = []  # the console's ref / hyp lines, as the recognizer's evaluation prints
         if self.recognizer is not None:
             examples = [{"ref": r["ref"], "hyp": r["hyp_synthesized"]} for r in self.rows[:3]]
@@ -378,13 +430,27 @@ class SplitEvaluation:
             "utterances": sorted(self.rows, key=lambda r: r["id"]),  # as the recognizer's
         }
 
+    def _neural_summary(self, out: dict) -> dict:
+        """HiFi-GAN's summary: its measures' means and, with a recognizer, its CER / WER
+        on the synthesized speech and their ratios to the real speech's (in `out`)."""
+        run = self.neural.run
+        summary = tts_scores.summarize([r[NEURAL] for r in self.rows])
+        summary |= {"vocoder_workdir": run.workdir, "vocoder_step": run.step}
+        if self.recognizer is not None:
+            for unit in ("cer", "wer"):
+                rate = getattr(self.counts[NEURAL], unit)
+                summary[f"{unit}_synthesized"] = round(rate, 5)
+                real = out[f"{unit}_real"]
+                summary[f"{unit}_ratio"] = round(rate / real, 4) if real > 0 else None
+        return summary
+
     def _intelligibility(self) -> dict:
         """The recognizer's CER / WER on the synthesized and the real speech, and the
         ratios synthesized / real (None where the real speech's rate is 0)."""
         asr = self.recognizer
         out: dict = {"asr_workdir": asr.workdir, "asr_step": asr.run.step}
         for unit in ("cer", "wer"):
-            rates = {k: getattr(c, unit) for k, c in self.counts.items()}
+            rates = {k: getattr(self.counts[k], unit) for k in ("synthesized", "real")}
             out[f"{unit}_synthesized"] = round(rates["synthesized"], 5)
             out[f"{unit}_real"] = round(rates["real"], 5)
             ratio = rates["synthesized"] / rates["real"] if rates["real"] > 0 else None
@@ -404,16 +470,19 @@ def evaluate_tts_splits(
     beam: int | None = None,
     decoding: dict | None = None,
     max_utterances: int | None = None,
+    vocoder_workdir: str | None = None,
 ) -> list[dict]:
     """Restore the synthesizer RUN's checkpoint (latest unless `step`) and evaluate each
     split (default: the run's data.eval_split list) as the module docstring says, writing
     RUN/eval/ for each; `asr_workdir`: the recognizer whose CER / WER measure
     intelligibility, decoded with `method`, `beam` and `decoding` overriding its config
     (`evaluation.run.run_eval_config`). `max_utterances`: the first N records of each split.
+    `vocoder_workdir`: a trained HiFi-GAN on the same front end, scored beside Griffin-Lim.
 
     Raises:
       UserError: not a run directory, no such checkpoint, a split not prepared or prepared
-        without phonemes, a recognizer run that cannot be loaded, more than one process.
+        without phonemes, a recognizer run that cannot be loaded, a vocoder run of another
+        front end, more than one process.
     """
     if jax.process_count() > 1:
         raise UserError("evaluating a synthesizer runs in one process")
@@ -426,6 +495,10 @@ def evaluate_tts_splits(
         rate = int(config.features.sample_rate)
         # Every split is checked before anything is loaded or compiled.
         indexes = {s: check_split(data_dir, s, rate) for s in splits}
+        vocoder_run = None
+        if vocoder_workdir:  # its front end is checked before any checkpoint is read
+            features_cfg = build.feature_config(config)
+            vocoder_run = load_checked_vocoder(vocoder_workdir, features_cfg, workdir)
         with rules.axis_rules(build.rules_from_config(config)):
             run = load_tts_run(workdir, step=step, config=config)
     except (FileNotFoundError, ValueError, ckpt_lib.CheckpointError) as e:
@@ -444,7 +517,9 @@ def evaluate_tts_splits(
         for split in splits:
             index = indexes[split]
             count = min(max_utterances or index.num_records, index.num_records)
-            evaluation = SplitEvaluation(run, split, index, count, recognizer, writer, out_dir)
+            evaluation = SplitEvaluation(
+                run, split, index, count, recognizer, writer, out_dir, vocoder_run
+            )
             result = evaluation.run_all() | {"step": run.step}
             scoring.write_result(copy.local, result, run.step, TAG)
             results.append(result)

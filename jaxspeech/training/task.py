@@ -9,6 +9,7 @@ step, the FLOP count, in-loop evaluation and the periodic samples.
 
 - `AsrTask` (task "asr", the default): the recognizer, its tokenizer and decoders.
 - `jaxspeech.training.tts_task.TtsTask` (task "tts"): FastSpeech2 on phonemes.
+- `jaxspeech.training.vocoder_task.VocoderTask` (task "vocoder"): HiFi-GAN on audio.
 
 The trainer calls, in this order: `install_assets` -> `train_pipeline` ->
 `check_eval_settings` -> `init_state` (+ `describe_model`) -> `train_step` and
@@ -81,6 +82,10 @@ def task_from_config(config: ConfigDict, mesh: Mesh) -> Task:
         from jaxspeech.training.tts_task import TtsTask  # its model and loader only when used
 
         return TtsTask(config, mesh)
+    if name == "vocoder":
+        from jaxspeech.training.vocoder_task import VocoderTask  # HiFi-GAN only when used
+
+        return VocoderTask(config, mesh)
     if name != "asr":
         raise UserError(f"config.task: unknown task {name!r}; choose one of {', '.join(TASKS)}")
     return AsrTask(config, mesh)

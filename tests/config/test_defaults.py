@@ -10,7 +10,7 @@ import pathlib
 import pytest
 from ml_collections import ConfigDict
 
-from configs import conformer, demo, tts
+from configs import conformer, demo, tts, vocoder
 from jaxspeech.config import build, defaults, keys
 from jaxspeech.decoding import search
 from jaxspeech.parallel import rules, sync
@@ -21,6 +21,7 @@ CONFIG_FILES = {
     "demo": (demo, demo.VARIANTS),
     "conformer": (conformer, tuple(conformer.SIZES)),
     "tts": (tts, tts.VARIANTS),
+    "vocoder": (vocoder, vocoder.VARIANTS),
 }
 SHIPPED = [(name, v) for name, (_, variants) in CONFIG_FILES.items() for v in variants]
 

@@ -138,11 +138,14 @@ ENABLE: dict[str, list[tuple[str, object]]] = {
     "sync.gtc_": [("sync.strategy", "gtc")],
     "sync.outer": [("sync.strategy", "hierarchical"), ("mesh.replica", 2)],
     "tts.": [("task", "tts")],
+    "vocoder.": [("task", "vocoder")],
 }
-# The walk's configs: the recognizers'. configs/tts.py's keys are walked through ENABLE's
-# task=tts on them; its own task forbids some of ENABLE's settings (sync strategies other
-# than all-reduce, pipeline stages, MFCC, distillation), so it is not a base of the walk.
-WALKED = [(name, variant) for name, variant in SHIPPED if name != "tts"]
+
+# The walk's configs: the recognizers'. configs/tts.py's and configs/vocoder.py's keys are
+# walked through ENABLE's task=tts / task=vocoder on them; their own tasks forbid some of
+# ENABLE's settings (sync strategies other than all-reduce, pipeline stages, MFCC,
+# distillation), so they are not bases of the walk.
+WALKED = [(name, variant) for name, variant in SHIPPED if name not in ("tts", "vocoder")]
 
 KEYS = list(flat(defaults.get_config().to_dict()))
 

@@ -1,7 +1,7 @@
 """Shared by the text-to-speech tests: the tiny corpus (tests/tts/corpus.py) and one
 finished tiny run of configs/tts.py:tiny on it, each built once per test session for
-every pytest-xdist worker (`tests.sharing.built_once`). Users copy the run before
-changing it."""
+every pytest-xdist worker (`tests.sharing.built_once`), and one tiny vocoder run of
+configs/vocoder.py:tiny on that corpus. Users copy a run before changing it."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.cli import run_module, tts_train_args
+from tests.e2e.cli import run_module, session_overrides, tts_train_args
 from tests.sharing import built_once
 from tests.tts import corpus
 
@@ -34,4 +34,25 @@ def tts_tiny_run(tts_corpus, tmp_path_factory) -> tuple[Path, str]:
         return out.stdout + out.stderr
 
     where, out = built_once(tmp_path_factory, "tts-tiny-run", build)
+    return where / "run", out
+
+
+@pytest.fixture(scope="session")
+def vocoder_tiny_run(tts_corpus, tmp_path_factory) -> tuple[Path, str]:
+    """One finished run of configs/vocoder.py:tiny (HiFi-GAN, config.task=vocoder) on the
+    tiny corpus, evaluated on dev. Returns (run, console output)."""
+
+    def build(where: Path) -> str:
+        args = [
+            "--config",
+            "configs/vocoder.py:tiny",
+            "--workdir",
+            str(where / "run"),
+            f"--config.data.dir={tts_corpus}",
+            *session_overrides(),
+        ]
+        out = run_module("jaxspeech.train", *args)
+        return out.stdout + out.stderr
+
+    where, out = built_once(tmp_path_factory, "vocoder-tiny-run", build)
     return where / "run", out
