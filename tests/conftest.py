@@ -1,9 +1,25 @@
-"""Test-wide setup: 8 CPU devices, so sharding tests run on a simulated mesh, and XLA's
-CPU backend without its expensive LLVM optimizations."""
+"""Test-wide setup: 8 CPU devices, so sharding tests run on a simulated mesh, XLA's
+CPU backend without its expensive LLVM optimizations, and one bytecode cache for every
+Python interpreter of the session."""
 
 import os
+import tempfile
 
-from tests.e2e.cli import QUICK_COMPILE_FLAGS
+# The session starts many Python interpreters (each CLI run, each process of a
+# multi-process job, the notebooks' kernels, the ONNX converter; the xdist workers):
+# without bytecode (uv installs none, and PYTHONDONTWRITEBYTECODE, set in some
+# environments, keeps Python from writing it) every one of them compiles the source of
+# jax, flax, orbax... again: about 2.7 s of CPU of the 4.7 s that `import jaxspeech.train`
+# takes. Compiled once into a cache outside the repository and the virtualenvs instead
+# (written atomically, checked against each source's mtime and size as any .pyc is).
+# Set here, before pytest-xdist starts its workers, so that they and every process they
+# start inherit it.
+os.environ.setdefault(
+    "PYTHONPYCACHEPREFIX", os.path.join(tempfile.gettempdir(), "jaxspeech-test-pycache")
+)
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+
+from tests.e2e.cli import QUICK_COMPILE_FLAGS  # noqa: E402
 
 # Must happen before jax initializes its backend (i.e. before any test imports jax).
 os.environ["JAX_PLATFORMS"] = "cpu"

@@ -15,6 +15,8 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -48,20 +50,23 @@ def s3_server(timeout_s: float = 60.0) -> Iterator[str]:
 
 @contextmanager
 def gcs_server(timeout_s: float = 60.0) -> Iterator[str]:
-    """Starts gcp-storage-emulator (in memory) on a free port; yields its endpoint URL."""
-    args = ["gcp-storage-emulator", "start", "--in-memory", "--host", "127.0.0.1", "--port"]
-    with _server(args, timeout_s) as endpoint:
+    """Starts gcp-storage-emulator (in memory) on a free port; yields its endpoint URL.
+    It runs with the generation headers of GCS's media downloads, which tensorstore needs
+    (benchmarks/lib/gcs_emulator.py)."""
+    args = [sys.executable, "-m", "benchmarks.lib.gcs_emulator", "start", "--in-memory"]
+    with _server([*args, "--host", "127.0.0.1", "--port"], timeout_s) as endpoint:
         yield endpoint
 
 
 @contextmanager
 def _server(command: list[str], timeout_s: float) -> Iterator[str]:
-    """Runs the venv's ``command`` with a free port appended until the server answers
-    HTTP; yields its endpoint; stops it."""
+    """Runs ``command`` (a program of the venv, or a path) with a free port appended, from
+    the repository root, until the server answers HTTP; yields its endpoint; stops it."""
     port = _free_port()
     exe = os.path.join(os.path.dirname(sys.executable), command[0])
     proc = subprocess.Popen(
         [exe, *command[1:], str(port)],
+        cwd=_ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

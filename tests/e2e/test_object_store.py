@@ -364,6 +364,20 @@ def test_one_job_per_run_directory_on_s3(store):
             pass
 
 
+def _conditional_write_after_a_read(bucket: str) -> None:
+    """What OCDBT does to its manifest when its cached copy is stale, here every time: a
+    write conditioned on the generation that tensorstore read (from the headers of the
+    object's data, which the bare emulator leaves out: benchmarks/lib/gcs_emulator.py)."""
+    import tensorstore as ts
+
+    kv = ts.KvStore.open({"driver": "gcs", "bucket": bucket}).result()
+    kv.write("probe", b"1").result()
+    read = kv.read("probe").result()
+    kv.write("probe", b"2", if_equal=read.stamp.generation).result()
+    assert kv.read("probe").result().value == b"2"
+    kv.write("probe", None).result()  # deleted
+
+
 def test_run_directory_layer_on_gcs(tmp_path, monkeypatch):
     """The run-directory layer on the GCS emulator, in process: checkpoints through
     Orbax's own GCS kvstore (a corrupt latest step falls back to the one before and is
@@ -385,6 +399,7 @@ def test_run_directory_layer_on_gcs(tmp_path, monkeypatch):
         fs.mkdir("runs-gcs")
         run = "gs://runs-gcs/tiny"
         ckpt = ckpt_lib.Checkpointer(run, async_save=False)
+        _conditional_write_after_a_read("runs-gcs")
         _save_small(ckpt, 2, 2.0)
         _save_small(ckpt, 4, 4.0)
         assert ckpt.all_steps() == [2, 4] and ckpt.finalized(4)
