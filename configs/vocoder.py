@@ -11,7 +11,7 @@ Run: `make demo-tts` (after the synthesizer, this config into runs/demo-vocoder)
 Variants (`--config configs/vocoder.py:NAME`):
   (default) the demo's size: a 64-channel generator (hifigan.DEMO_GENERATOR, 0.23 M
             parameters) and the small discriminators (DEMO_DISCRIMINATOR, 0.33 M), 8192-
-            sample segments, 120 steps at 1e-3: about 5 minutes of 2 CPU cores, far too
+            sample segments, 120 steps at 1e-3: 2.7 minutes of 2 CPU cores, far too
             few steps for clean speech (HiFi-GAN trains for hundreds of thousands): the
             demo shows the pipeline, not the quality.
   tiny      a seconds-long model for tests (tests/tts/test_vocoder_training.py): its mel
@@ -42,13 +42,10 @@ def get_config(arg: str | None = None) -> ConfigDict:
     c.vocoder.batch_size = 4
     c.vocoder.learning_rate = 1e-3
     c.vocoder.eval_utterances = 4
-    # `make demo-tts` gives the vocoder ~5-6 of its 30 minutes on 2 CPU cores. Measured
-    # while another demo loaded both cores (load average 6-8, this at nice 15): 7.1-8.5 s
-    # a step of 8 segments (4.2 s of process CPU), ~130 s of compilation (train step and
-    # 2 eval buckets), 26 s for the tts_heldout evaluation (96 utterances, 4 through
-    # Griffin-Lim too). Unloaded that is about 2.1-2.5 s a step of 8, ~1.1-2 s of 4, and
-    # ~100 s of start-up, compilation, evaluation and saves: (330 - 100) s / ~2 s = 115,
-    # so 120 steps (480 segments, 4 minutes of audio heard: far from clean speech).
+    # `make demo-tts` gives the vocoder a few of its 30 minutes on 2 CPU cores. Measured on
+    # a quiet machine (2026-11-27, docs/results.md 13): 1.05 s a step of 4 segments, 24 s of
+    # compilation, 2.7 min for the 120 steps with the final evaluation; the evaluation of
+    # both vocoders after it 3.6 min. Log-mel L1 3.6 -> 2.4 in these steps: not speech yet.
     c.train.num_steps = 120
     c.train.log_every = 25
     c.train.checkpoint_every = 0  # saved at the end (and on SIGTERM, and every 10 min)
