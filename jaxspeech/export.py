@@ -3,7 +3,8 @@ stablehlo|onnx --output DIR [--int8 --calibration DATA_DIR:SPLIT]`.
 
 Flags -> `jaxspeech.serving.export.export_run`; the artifacts and the manifest are
 described there. A synthesizer's run (config.task "tts") -> `jaxspeech.serving.tts_export`
-(`--max_frames`; the recognizer's data, scoring, int8 and streaming flags are refused).
+(`--max_frames`, `--vocoder_workdir`; the recognizer's data, scoring, int8 and streaming
+flags are refused), a vocoder's ("vocoder") -> `jaxspeech.serving.vocoder_export`.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from jaxspeech import cli
 from jaxspeech.evaluation import tts_run
 from jaxspeech.parallel import mesh as mesh_lib
 from jaxspeech.serving import export as export_lib
-from jaxspeech.serving import quantize, tts_export
+from jaxspeech.serving import quantize, tts_export, vocoder_export
 
 FLAGS = flags.FLAGS
 # The recognizer's options, which mean nothing to a synthesizer's export.
@@ -35,6 +36,7 @@ def tts_job() -> None:
         step=FLAGS.step,
         max_frames=FLAGS.max_frames,
         onnx_python=FLAGS.onnx_python,
+        vocoder_workdir=FLAGS.vocoder_workdir,
     )
     step, frames = manifest["run"]["step"], manifest["max_frames"]
     print(
@@ -46,9 +48,37 @@ def tts_job() -> None:
     print(json.dumps(summary | {"functions": list(manifest["functions"]), "max_frames": frames}))
 
 
+def vocoder_job() -> None:
+    """A vocoder's export (`vocoder_export.export_vocoder_run`)."""
+    manifest = vocoder_export.export_vocoder_run(
+        FLAGS.workdir,
+        FLAGS.output,
+        fmt=FLAGS.format,
+        step=FLAGS.step,
+        onnx_python=FLAGS.onnx_python,
+    )
+    step = manifest["run"]["step"]
+    print(
+        f"exported step {step} of vocoder {FLAGS.workdir} to {FLAGS.output}: "
+        f"{', '.join(manifest['files'])}",
+        file=sys.stderr,
+    )
+    summary = {"output": os.path.abspath(FLAGS.output), "step": step, "task": "vocoder"}
+    print(json.dumps(summary | {"functions": list(manifest["functions"])}))
+
+
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         cli.usage_error(f"unexpected arguments: {argv[1:]}")
+    if tts_run.run_task(FLAGS.workdir) == "vocoder":
+        given = [f"--{n}" for n in (*ASR_ONLY, "max_frames", "vocoder_workdir") if FLAGS[n].present]
+        if given:
+            cli.usage_error(
+                f"{', '.join(given)}: not for a vocoder's export; {FLAGS.workdir} is a "
+                "vocoder's run (config.task=vocoder)"
+            )
+        cli.run_job(vocoder_job)
+        return
     if tts_run.is_tts_run(FLAGS.workdir):
         given = [f"--{name}" for name in ASR_ONLY if FLAGS[name].present]
         if given:
@@ -58,9 +88,10 @@ def main(argv: list[str]) -> None:
             )
         cli.run_job(tts_job)
         return
-    if FLAGS.max_frames is not None:
+    given = [f"--{n}" for n in ("max_frames", "vocoder_workdir") if FLAGS[n].present]
+    if given:
         cli.usage_error(
-            f"--max_frames: synthesizer export only; {FLAGS.workdir} is not a "
+            f"{', '.join(given)}: synthesizer export only; {FLAGS.workdir} is not a "
             "synthesizer's run (config.task=tts)"
         )
 
@@ -139,6 +170,12 @@ if __name__ == "__main__":
         None,
         "Synthesizer runs: frames of the exported log-mel (default: twice the longest "
         "training utterance's); longer speech is cut there and flagged.",
+    )
+    flags.DEFINE_string(
+        "vocoder_workdir",
+        None,
+        "Synthesizer runs: a vocoder run (configs/vocoder.py) on the same front end, whose "
+        "generator is exported beside the acoustic model and named in the manifest.",
     )
     logging.set_verbosity(logging.WARNING)
     app.run(main, flags_parser=cli.parse_flags)

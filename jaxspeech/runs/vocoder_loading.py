@@ -42,6 +42,8 @@ DISCRIMINATORS = {
     ),
 }
 FRONT_END_KEYS = ("sample_rate", "hop_length", "num_mel_bins")
+# What a vocoder's features must equal (`front_end_mismatch`; an export's manifest lists them).
+FRONT_END_MATCH = (*FRONT_END_KEYS, "n_fft", "win_length", "fmin", "fmax", "log_floor", "kind")
 
 
 class Vocoder(nnx.Module):
@@ -89,10 +91,9 @@ def front_end_mismatch(vocoder: LogMelConfig, features: LogMelConfig) -> str | N
     """What differs between the vocoder's front end and the features it is given, as
     "key a vs b" parts (None: they match). Besides the model_vars' keys, the STFT and
     filterbank settings: a vocoder inverts one exact feature definition."""
-    keys = (*FRONT_END_KEYS, "n_fft", "win_length", "fmin", "fmax", "log_floor", "kind")
     parts = [
         f"{k} {getattr(vocoder, k)} vs {getattr(features, k)}"
-        for k in keys
+        for k in FRONT_END_MATCH
         if getattr(vocoder, k) != getattr(features, k)
     ]
     return ", ".join(parts) or None

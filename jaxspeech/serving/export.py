@@ -133,8 +133,9 @@ def stage_for_conversion(
     np.savez(os.path.join(stage, onnx_convert.ARRAYS), **arrays)
 
 
-def run_converter(stage: str, output: str, onnx_python: str) -> dict:
-    """`python -m jaxspeech.serving.onnx_convert` in the converter's environment -> its report."""
+def run_converter(stage: str, output: str, onnx_python: str, module: str = "") -> dict:
+    """`python -m MODULE` (default jaxspeech.serving.onnx_convert; the synthesizer's and the
+    vocoder's converters too) in the converter's environment -> its report."""
     if not os.path.exists(onnx_python):
         raise UserError(
             f"the ONNX converter's environment is missing ({onnx_python}): run "
@@ -144,15 +145,8 @@ def run_converter(stage: str, output: str, onnx_python: str) -> dict:
     root = REPO_ROOT
     env = dict(os.environ, PYTHONPATH=root, JAX_PLATFORMS="cpu")
     env.pop("XLA_FLAGS", None)  # one CPU device is all a conversion traces for
-    cmd = [
-        onnx_python,
-        "-m",
-        "jaxspeech.serving.onnx_convert",
-        "--input",
-        stage,
-        "--output",
-        output,
-    ]
+    module = module or "jaxspeech.serving.onnx_convert"
+    cmd = [onnx_python, "-m", module, "--input", stage, "--output", output]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"ONNX conversion failed ({' '.join(cmd)}):\n{proc.stderr[-3000:]}")

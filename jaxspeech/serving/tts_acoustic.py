@@ -127,30 +127,38 @@ def load_staged(where: str) -> tuple[Callable, dict]:
 
 
 def convert(where: str, output: str) -> dict:
-    """The staged model -> DIR/acoustic.onnx (Einsums as MatMuls, as the recognizer's);
-    returns its description."""
+    """The staged model -> DIR/acoustic.onnx; returns its description."""
+    fn, _ = load_staged(where)
+    return write_onnx(fn, argument_specs(), NAME, INPUTS, OUTPUTS, output)
+
+
+def write_onnx(
+    fn: Callable, specs: tuple, name: str, inputs: tuple, outputs: tuple, output: str
+) -> dict:
+    """jax2onnx's conversion of `fn` at `specs` -> DIR/<name>.onnx (Einsums as MatMuls, as
+    the recognizer's; the vocoder's converter shares it) -> {"file", "einsum_to_matmul",
+    "seconds"}."""
     import onnx  # noqa: PLC0415 (the converter environment's packages)
     from jax2onnx import to_onnx  # noqa: PLC0415
 
     from jaxspeech.serving.onnx_convert import einsum_to_matmul  # noqa: PLC0415
 
-    fn, _ = load_staged(where)
-    path = os.path.join(output, f"{NAME}.onnx")
+    path = os.path.join(output, f"{name}.onnx")
     if os.path.exists(path):
         os.remove(path)
     t0 = time.perf_counter()
     to_onnx(
         fn,
-        inputs=list(argument_specs()),
-        input_names=list(INPUTS),
-        output_names=list(OUTPUTS),
-        model_name=NAME,
+        inputs=list(specs),
+        input_names=list(inputs),
+        output_names=list(outputs),
+        model_name=name,
         return_mode="file",
         output_path=path,
     )
     model = onnx.load(path)
     rewritten = einsum_to_matmul(model)
-    onnx.save(model, path)  # a synthesizer's parameters stay far below protobuf's 2 GB
+    onnx.save(model, path)  # these models' parameters stay far below protobuf's 2 GB
     seconds = round(time.perf_counter() - t0, 2)
     return {"file": os.path.basename(path), "einsum_to_matmul": rewritten, "seconds": seconds}
 

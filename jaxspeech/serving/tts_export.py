@@ -15,8 +15,10 @@ cut there: its mask is true to the end and `truncated` says so.
 
 Beside it `manifest.json`: "task" "tts", the phoneme and speaker tables (ids are row
 numbers), sample rate, hop, mel bins, feature statistics, max_frames, the files, the
-run's step, and how to vocode ("griffin_lim"'s parameters; "vocoder" stays null until a
-neural vocoder's export fills it with its function's name in "functions").
+run's step, and how to vocode ("griffin_lim"'s parameters; "vocoder" null, or with
+`--vocoder_workdir VOCODER_RUN` the neural vocoder's function (`vocoder_export`) written
+beside `acoustic` in the same format and described there: its name in "functions", its
+run, its front end, which must equal this run's features).
 """
 
 from __future__ import annotations
@@ -26,12 +28,12 @@ import inspect
 import json
 import os
 import shutil
-import subprocess
 import tempfile
 
 import jax
 import numpy as np
 from flax import nnx
+from ml_collections import ConfigDict
 
 from jaxspeech import files, storage
 from jaxspeech.audio import features
@@ -41,11 +43,12 @@ from jaxspeech.parallel import rules
 from jaxspeech.runs import checkpoint as ckpt_lib
 from jaxspeech.runs import loading, tts_loading
 from jaxspeech.serving import export as export_lib
-from jaxspeech.serving import tts_acoustic
+from jaxspeech.serving import tts_acoustic, vocoder_export
 from jaxspeech.tts import griffin_lim
 
 FORMAT_VERSION = 1  # readers check it; fields are only ever added within a version
 FRAME_ROUND = 64  # default max_frames is a multiple of it, as the evaluation's batches
+CONVERTER = "jaxspeech.serving.tts_acoustic"  # run in the converter's environment
 
 
 def default_max_frames(config) -> int:
@@ -66,20 +69,27 @@ def export_tts_run(
     step: int | None = None,
     max_frames: int | None = None,
     onnx_python: str | None = None,
+    vocoder_workdir: str | None = None,
 ) -> dict:
     """Export the synthesizer RUN's checkpoint (latest unless `step`) to `output`, replaced
     whole; returns the manifest. `max_frames`: the frame axis (default
-    `default_max_frames`); `onnx_python`: the converter's interpreter (fmt "onnx").
+    `default_max_frames`); `onnx_python`: the converter's interpreter (fmt "onnx");
+    `vocoder_workdir`: a vocoder run whose generator (latest checkpoint) is exported beside
+    (`vocoder_export`), named in the manifest's "vocoder".
 
     Raises:
       UserError: not a run, no checkpoint, an unknown format, max_frames < 1, an output
-        directory holding other files, a missing ONNX converter environment.
+        directory holding other files, a missing ONNX converter environment, a vocoder
+        trained on another front end (before any checkpoint is read).
     """
     if fmt not in export_lib.FORMATS:
         raise UserError(f"unknown export format {fmt!r}: choose one of {export_lib.FORMATS}")
     if max_frames is not None and max_frames < 1:
         raise UserError(f"--max_frames must be >= 1, got {max_frames}")
     export_lib._check_output(output)
+    if vocoder_workdir is not None:
+        config = load_config(workdir)
+        vocoder_export.check_for_synthesizer(vocoder_workdir, config, workdir)
     run = load_run(workdir, step)
     frames = max_frames or default_max_frames(run.config)
     stage = files.staging_dir(output)  # moved into place complete, as the recognizer's
@@ -88,7 +98,14 @@ def export_tts_run(
             described = export_onnx(run, frames, stage, onnx_python)
         else:
             described = export_stablehlo(run, frames, stage)
+        vocoder = None
+        if vocoder_workdir is not None:
+            more, vocoder = vocoder_export.export_for_synthesizer(
+                vocoder_workdir, fmt, stage, onnx_python
+            )
+            described |= more
         manifest = _manifest(fmt, described, run, workdir, frames, max_frames is None)
+        manifest["vocoder"] = vocoder
         manifest["files"] = sorted(os.listdir(stage)) + [export_lib.MANIFEST]
         text = json.dumps(manifest, indent=1, default=str)
         files.atomic_write(os.path.join(stage, export_lib.MANIFEST), text)
@@ -99,6 +116,21 @@ def export_tts_run(
     return manifest
 
 
+def load_config(workdir: str) -> ConfigDict:
+    """RUN's config, once it is known to be a synthesizer's.
+
+    Raises:
+      UserError: not a run, or not a synthesizer's.
+    """
+    try:
+        config = loading.load_run_config(workdir)
+    except FileNotFoundError as e:
+        raise UserError(str(e)) from e
+    if defaults.lookup(config, "task") != "tts":
+        raise UserError(f"{workdir} is not a synthesizer's run (config.task is not tts)")
+    return config
+
+
 def load_run(workdir: str, step: int | None = None) -> tts_loading.TtsRun:
     """RUN's checkpoint `step` (default: the latest) on one device: the export traces
     one program.
@@ -106,10 +138,8 @@ def load_run(workdir: str, step: int | None = None) -> tts_loading.TtsRun:
     Raises:
       UserError: not a synthesizer's run, no such checkpoint, another model's checkpoint.
     """
+    config = load_config(workdir)
     try:
-        config = loading.load_run_config(workdir)
-        if defaults.lookup(config, "task") != "tts":
-            raise UserError(f"{workdir} is not a synthesizer's run (config.task is not tts)")
         with rules.axis_rules(build.rules_from_config(config)):
             single = export_lib._single_device(config)
             one = build.mesh_from_config(single, devices=jax.devices()[:1])
@@ -174,7 +204,8 @@ def export_onnx(
     extra = {"max_frames": max_frames, "log_floor": float(config.features.log_floor)}
     with tempfile.TemporaryDirectory(dir=output, prefix=".stage-") as where:
         tts_acoustic.stage(arguments, params, jax.device_get(run.model_vars), extra, where)
-        report = _run_converter(where, output, onnx_python or export_lib.default_onnx_python())
+        python = onnx_python or export_lib.default_onnx_python()
+        report = export_lib.run_converter(where, output, python, module=CONVERTER)
     # What the ONNX file must equal: the float32 model the converter built.
     graphdef = nnx.graphdef(tts_acoustic.abstract_model(arguments))
     stats = jax.device_get(run.model_vars)
@@ -201,23 +232,6 @@ def export_onnx(
             "conversion_seconds": report["seconds"],
         }
     }
-
-
-def _run_converter(where: str, output: str, onnx_python: str) -> dict:
-    """`python -m jaxspeech.serving.tts_acoustic` in the converter's environment, as
-    `export_lib.run_converter` runs the recognizer's -> its report."""
-    if not os.path.exists(onnx_python):
-        raise UserError(
-            f"the ONNX converter's environment is missing ({onnx_python}): run "
-            "`make install-onnx`, or pass --onnx_python (or set JAXSPEECH_ONNX_PYTHON)"
-        )
-    env = dict(os.environ, PYTHONPATH=export_lib.REPO_ROOT, JAX_PLATFORMS="cpu")
-    env.pop("XLA_FLAGS", None)
-    cmd = [onnx_python, "-m", "jaxspeech.serving.tts_acoustic", "--input", where]
-    proc = subprocess.run(cmd + ["--output", output], capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
-        raise RuntimeError(f"ONNX conversion failed ({' '.join(cmd)}):\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def vocoding_section(config) -> dict:

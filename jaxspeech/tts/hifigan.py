@@ -46,6 +46,13 @@ DEFAULT_UPSAMPLE_RATES = (5, 4, 4, 2)
 DEMO_GENERATOR = dict(channels=64)
 
 
+def zero(dtype: Dtype) -> jax.Array:
+    """A () zero of `dtype`: `jnp.where`'s fill. The same value as a Python 0, which jax
+    keeps at the other operand's dtype but jax2onnx's conversion (`serving.vocoder_export`)
+    widens to 64 bits (as `tts.model.zero`)."""
+    return jnp.zeros((), dtype)
+
+
 def conv_init(std: float | None):
     """Kernel init: normal(0, std) (HiFi-GAN's generator uses 0.01), or None: fan-in
     variance scaling (the discriminators'; PyTorch's default is of that scale)."""
@@ -97,7 +104,7 @@ class MaskedConv(nnx.Module):
 
     def __call__(self, x: jax.Array, mask: jax.Array) -> jax.Array:
         """x: (B, L, [W,] Cin); mask: bool, broadcastable to x ((B, L, [1,] 1))."""
-        x = jnp.where(mask, x.astype(self.dtype), 0)
+        x = jnp.where(mask, x.astype(self.dtype), zero(self.dtype))
         rest = self.spatial - 1
         dims = ("NWC", "WIO", "NWC") if self.spatial == 1 else ("NHWC", "HWIO", "NHWC")
         y = jax.lax.conv_general_dilated(
@@ -149,7 +156,7 @@ class Upsample(nnx.Module):
         self.dtype = dtype
 
     def __call__(self, x_btc: jax.Array, mask_bt1: jax.Array) -> jax.Array:
-        x = jnp.where(mask_bt1, x_btc.astype(self.dtype), 0)
+        x = jnp.where(mask_bt1, x_btc.astype(self.dtype), zero(self.dtype))
         y = jax.lax.conv_general_dilated(
             x,
             self.kernel[...].astype(self.dtype),
@@ -244,7 +251,7 @@ class HiFiGANGenerator(nnx.Module):
             mask = jnp.repeat(mask, rate, axis=1)
             x = sum(block(x, mask) for block in blocks) / len(blocks)
         x = self.conv_post(jax.nn.leaky_relu(x, 0.01), mask)
-        return jnp.where(mask, jnp.tanh(x.astype(jnp.float32)), 0.0)[..., 0]
+        return jnp.where(mask, jnp.tanh(x.astype(jnp.float32)), zero(jnp.float32))[..., 0]
 
 
 def vocode(generator: HiFiGANGenerator, log_mel_btf: jax.Array, mask_bt: jax.Array) -> jax.Array:

@@ -1,0 +1,281 @@
+"""A neural vocoder's deployment artifact (a run of config.task "vocoder"): `python -m
+jaxspeech.export --workdir VOCODER_RUN --output DIR [--format stablehlo|onnx]`, and the
+same function beside a synthesizer's (`--workdir TTS_RUN --vocoder_workdir VOCODER_RUN`,
+`tts_export.export_tts_run`).
+
+One function, `vocoder` (`jaxspeech.serving.vocoder_generator`): HiFi-GAN's generator,
+raw log-mel (b, t, M) and its frame mask in, the waveform (b, t * hop) and its sample mask
+out; b and t symbolic (convolutions only: any length, no static frame axis).
+
+- stablehlo: `vocoder.stablehlo`, `jax.export`'s serialization in the run's dtype.
+- onnx: `vocoder.onnx`, float32, converted by jax2onnx in the converter's environment
+  (`make install-onnx`) and checked in onnxruntime against JAX.
+
+Beside it `manifest.json`: "task" "vocoder", sample rate, hop, mel bins, the input's units,
+the front-end settings a synthesizer's features must match (`runs.vocoder_loading.
+FRONT_END_MATCH`), the generator's arguments, the files, the function's inputs and outputs,
+the run's step and parameter fingerprint. A synthesizer's export names the vocoder in its
+own manifest's "vocoder" (`vocoder_section`) and refuses another front end in one line.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+
+import jax
+import numpy as np
+from flax import nnx
+from ml_collections import ConfigDict
+
+from jaxspeech import files, storage
+from jaxspeech.config import build, defaults
+from jaxspeech.errors import UserError
+from jaxspeech.evaluation import vocoder as eval_vocoder
+from jaxspeech.parallel import rules
+from jaxspeech.runs import checkpoint as ckpt_lib
+from jaxspeech.runs import loading, vocoder_loading
+from jaxspeech.runs.vocoder_loading import VocoderRun
+from jaxspeech.serving import export as export_lib
+from jaxspeech.serving import tts_acoustic, vocoder_generator
+
+FORMAT_VERSION = 1  # readers check it; fields are only ever added within a version
+NAME = vocoder_generator.NAME
+CONVERTER = "jaxspeech.serving.vocoder_generator"
+UNITS = (
+    "natural log of mel power + log_floor: the recognizer's front end "
+    "(jaxspeech.audio.features.log_mel), raw, not normalized - the synthesizer's exported "
+    "log_mel as it is; the generator was trained on these, so nothing is normalized inside"
+)
+
+
+def export_vocoder_run(
+    workdir: str,
+    output: str,
+    *,
+    fmt: str = "stablehlo",
+    step: int | None = None,
+    onnx_python: str | None = None,
+) -> dict:
+    """Export the vocoder RUN's generator (checkpoint `step`, default the latest) to
+    `output`, replaced whole; returns the manifest. `onnx_python`: the converter's
+    interpreter (fmt "onnx").
+
+    Raises:
+      UserError: not a vocoder's run, no checkpoint, an unknown format, an output
+        directory holding other files, a missing ONNX converter environment.
+    """
+    if fmt not in export_lib.FORMATS:
+        raise UserError(f"unknown export format {fmt!r}: choose one of {export_lib.FORMATS}")
+    export_lib._check_output(output)
+    run = load_run(workdir, step)
+    stage = files.staging_dir(output)  # moved into place complete, as the recognizer's
+    try:
+        functions = export_functions(run, fmt, stage, onnx_python)
+        manifest = _manifest(fmt, functions, run, workdir)
+        manifest["files"] = sorted(os.listdir(stage)) + [export_lib.MANIFEST]
+        text = json.dumps(manifest, indent=1, default=str)
+        files.atomic_write(os.path.join(stage, export_lib.MANIFEST), text)
+        files.replace_dir(stage, output)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    return manifest
+
+
+def load_run(workdir: str, step: int | None = None) -> VocoderRun:
+    """RUN's checkpoint `step` (default: the latest) on one device: the export traces
+    one program.
+
+    Raises:
+      UserError: not a vocoder's run, no such checkpoint, another model's checkpoint.
+    """
+    try:
+        config = loading.load_run_config(workdir)
+        if defaults.lookup(config, "task") != "vocoder":
+            raise UserError(f"{workdir} is not a vocoder's run (config.task is not vocoder)")
+        with rules.axis_rules(build.rules_from_config(config)):
+            single = export_lib._single_device(config)
+            one = build.mesh_from_config(single, devices=jax.devices()[:1])
+            return vocoder_loading.load_vocoder_run(workdir, step=step, mesh=one)
+    except (FileNotFoundError, ValueError, ckpt_lib.CheckpointError) as e:
+        raise UserError(str(e)) from e
+
+
+def check_for_synthesizer(vocoder_workdir: str, tts_config: ConfigDict, tts_workdir: str) -> None:
+    """Refuse (one line, before any checkpoint is read) a vocoder run trained on another
+    front end than the synthesizer's: it cannot invert these features.
+
+    Raises:
+      UserError: not a vocoder's run, or another front end.
+    """
+    eval_vocoder.check_vocoder_run(vocoder_workdir, build.feature_config(tts_config), tts_workdir)
+
+
+def export_for_synthesizer(
+    vocoder_workdir: str, fmt: str, output: str, onnx_python: str | None
+) -> tuple[dict, dict]:
+    """The vocoder function of VOCODER_RUN's latest checkpoint written into a synthesizer's
+    artifact `output` (after `check_for_synthesizer`) -> ("functions" entry, the
+    synthesizer manifest's "vocoder")."""
+    run = load_run(vocoder_workdir)
+    functions = export_functions(run, fmt, output, onnx_python)
+    return functions, vocoder_section(run, vocoder_workdir)
+
+
+def export_functions(run: VocoderRun, fmt: str, output: str, onnx_python: str | None) -> dict:
+    """Write the vocoder function in `fmt` into `output`; returns the manifest's
+    "functions" entry."""
+    if fmt == "onnx":
+        return export_onnx(run, output, onnx_python)
+    return export_stablehlo(run, output)
+
+
+def generator_function(run: VocoderRun, dtype: str | None = None) -> tuple[Callable, dict, dict]:
+    """The exported function over the run's generator (in `dtype`, default the run's)
+    -> (function, generator arguments as JSON, float parameters on the host)."""
+    arguments = vocoder_generator.json_arguments(vocoder_loading.generator_arguments(run.config))
+    params = jax.device_get(run.params["generator"])
+    if dtype is not None:
+        arguments["dtype"] = dtype
+        params = jax.tree.map(lambda x: np.asarray(x, dtype), params)
+    abstract = vocoder_generator.abstract_generator(arguments)
+    fn = vocoder_generator.vocoder_function(nnx.split(abstract, nnx.Param)[0], params)
+    return fn, arguments, params
+
+
+def export_stablehlo(run: VocoderRun, output: str) -> dict:
+    """Write vocoder.stablehlo (the run's dtype; parameters inside as constants); returns
+    the manifest's "functions"."""
+    fn, _, _ = generator_function(run)
+    specs = vocoder_generator.argument_specs(int(run.cfg.num_mel_bins))
+    exported = jax.export.export(jax.jit(fn), platforms=("cpu", "cuda", "tpu"))(*specs)
+    files.atomic_write(os.path.join(output, f"{NAME}.stablehlo"), exported.serialize())
+    return {
+        NAME: {
+            "file": f"{NAME}.stablehlo",
+            "inputs": export_lib._describe(list(vocoder_generator.INPUTS), exported.in_avals),
+            "outputs": export_lib._describe(list(vocoder_generator.OUTPUTS), exported.out_avals),
+            "platforms": list(exported.platforms),
+        }
+    }
+
+
+def check_inputs(n_mels: int, b: int, t: int, seed: int = 0) -> dict:
+    """Concrete inputs: `b` rows of `t` log-mel frames around the front end's range
+    (speech -14..5 nats), ragged masks (the last row full), junk past each row's end."""
+    rng = np.random.default_rng(seed)
+    lengths = np.linspace(max(1, t // 2), t, b).astype(np.int32)
+    log_mel = rng.normal(-5.0, 3.0, (b, t, n_mels)).astype(np.float32)
+    mask = np.arange(t)[None] < lengths[:, None]
+    log_mel[~mask] = 100.0  # ignored: the generator zeroes masked frames first
+    return {"log_mel": log_mel, "frame_mask": mask}
+
+
+def export_onnx(run: VocoderRun, output: str, onnx_python: str | None) -> dict:
+    """Write vocoder.onnx (float32, converted in the converter's environment) and check it
+    in onnxruntime against the float32 JAX function; returns the manifest's "functions".
+
+    Raises:
+      UserError: the converter's environment is missing.
+      RuntimeError: the conversion failed, or the ONNX function differs from JAX's.
+    """
+    import onnxruntime as ort  # noqa: PLC0415 (the `onnx` extra)
+
+    fn, arguments, params = generator_function(run, export_lib.ONNX_DTYPE)
+    python = onnx_python or export_lib.default_onnx_python()
+    with tempfile.TemporaryDirectory(dir=output, prefix=".stage-") as where:
+        tts_acoustic.stage(arguments, params, {}, {}, where)
+        report = export_lib.run_converter(where, output, python, module=CONVERTER)
+    session = ort.InferenceSession(
+        os.path.join(output, report["file"]), providers=["CPUExecutionProvider"]
+    )
+    feeds = check_inputs(int(run.cfg.num_mel_bins), 2, 7)
+    got = session.run(None, feeds)
+    want = jax.jit(fn)(*feeds.values())
+    diff = max(
+        float(np.max(np.abs(np.asarray(g, np.float64) - np.asarray(w, np.float64))))
+        for g, w in zip(got, want, strict=True)
+    )
+    if diff > export_lib.ONNX_TOLERANCE:
+        raise RuntimeError(f"{report['file']} differs from the JAX function by {diff:.3g}")
+    return {
+        NAME: {
+            "file": report["file"],
+            "inputs": export_lib._describe_onnx(session.get_inputs()),
+            "outputs": export_lib._describe_onnx(session.get_outputs()),
+            "dtype": export_lib.ONNX_DTYPE,
+            "max_abs_diff_vs_jax": diff,
+            "conversion_seconds": report["seconds"],
+        }
+    }
+
+
+def front_end_section(run: VocoderRun) -> dict:
+    """The front-end settings a synthesizer's features must equal (their values)."""
+    return {k: getattr(run.cfg, k) for k in vocoder_loading.FRONT_END_MATCH}
+
+
+def run_section(run: VocoderRun, workdir: str) -> dict:
+    return {
+        "workdir": storage.absolute(workdir),
+        "step": run.step,
+        "params_fingerprint": ckpt_lib.fingerprint(run.params),  # as the checkpoint's
+        "generator_fingerprint": ckpt_lib.fingerprint(run.params["generator"]),
+    }
+
+
+def vocoder_section(run: VocoderRun, workdir: str) -> dict:
+    """A synthesizer manifest's "vocoder": how its `acoustic` outputs feed `vocoder`."""
+    return {
+        "function": NAME,
+        "kind": "hifigan",
+        "call": f"{NAME}(log_mel, frame_mask) on acoustic's outputs as they are -> "
+        "(audio (b, max_frames * hop_length), sample_mask); rows cut at max_frames "
+        "(truncated) are vocoded to the cut",
+        "hop_length": int(run.cfg.hop_length),
+        "sample_rate": int(run.cfg.sample_rate),
+        "front_end": front_end_section(run),
+        "run": run_section(run, workdir),
+    }
+
+
+def _manifest(fmt: str, functions: dict, run: VocoderRun, workdir: str) -> dict:
+    """The manifest but its "files"."""
+    cfg = run.cfg
+    return {
+        "format_version": FORMAT_VERSION,
+        "task": "vocoder",
+        "format": fmt,
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "jax": jax.__version__,
+        "functions": functions,
+        "audio": {"sample_rate": int(cfg.sample_rate), "dtype": "float32", "range": "[-1, 1]"},
+        "hop_length": int(cfg.hop_length),
+        "n_mels": int(cfg.num_mel_bins),
+        "input": {
+            "units": UNITS,
+            "frame_mask": "frames where it is false are ignored, whatever they hold",
+        },
+        "output": "audio (b, t * hop_length) float32, 0 where sample_mask (frame_mask "
+        "repeated hop_length times) is false; of an utterance of S samples the front end "
+        "gives 1 + S // hop_length frames, so the first S samples align with it",
+        "front_end": front_end_section(run)
+        | {
+            "must_match": "a synthesizer's config.features must equal these: the generator "
+            "inverts exactly these features (an export with --vocoder_workdir refuses others)"
+        },
+        "features": run.config.features.to_dict(),
+        "generator": {
+            "architecture": "HiFi-GAN generator (jaxspeech.tts.hifigan.HiFiGANGenerator)",
+            "arguments": vocoder_generator.json_arguments(
+                vocoder_loading.generator_arguments(run.config)
+            ),
+            "parameters": vocoder_loading.num_params(run.params["generator"]),
+        },
+        "run": run_section(run, workdir) | {"config": run.config.to_dict()},
+    }
