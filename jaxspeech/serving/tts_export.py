@@ -43,7 +43,7 @@ from jaxspeech.parallel import rules
 from jaxspeech.runs import checkpoint as ckpt_lib
 from jaxspeech.runs import loading, tts_loading
 from jaxspeech.serving import export as export_lib
-from jaxspeech.serving import tts_acoustic, vocoder_export
+from jaxspeech.serving import onnx_check, tts_acoustic, vocoder_export
 from jaxspeech.tts import griffin_lim
 
 FORMAT_VERSION = 1  # readers check it; fields are only ever added within a version
@@ -189,14 +189,13 @@ def export_onnx(
     run: tts_loading.TtsRun, max_frames: int, output: str, onnx_python: str | None
 ) -> dict:
     """Write acoustic.onnx (float32, converted in the converter's environment) and check it
-    in onnxruntime against the float32 JAX function; returns the manifest's "functions".
+    in onnxruntime against the float32 JAX function (`onnx_check`); returns the manifest's
+    "functions".
 
     Raises:
       UserError: the converter's environment is missing.
       RuntimeError: the conversion failed, or the ONNX function differs from JAX's.
     """
-    import onnxruntime as ort  # noqa: PLC0415 (the `onnx` extra)
-
     config, assets = run.config, run.assets
     arguments = tts_loading.model_arguments(config, assets.table.size, len(assets.speakers))
     arguments["dtype"] = export_lib.ONNX_DTYPE
@@ -210,28 +209,8 @@ def export_onnx(
     graphdef = nnx.graphdef(tts_acoustic.abstract_model(arguments))
     stats = jax.device_get(run.model_vars)
     fn = tts_acoustic.acoustic_function(graphdef, params, stats, **extra)
-    session = ort.InferenceSession(
-        os.path.join(output, report["file"]), providers=["CPUExecutionProvider"]
-    )
     feeds = check_inputs(assets.table.size, len(assets.speakers), 2, 7)
-    got = session.run(None, feeds)
-    want = jax.jit(fn)(*feeds.values())
-    diff = max(
-        float(np.max(np.abs(np.asarray(g, np.float64) - np.asarray(w, np.float64))))
-        for g, w in zip(got, want, strict=True)
-    )
-    if diff > export_lib.ONNX_TOLERANCE:
-        raise RuntimeError(f"acoustic.onnx differs from the JAX function by {diff:.3g}")
-    return {
-        tts_acoustic.NAME: {
-            "file": report["file"],
-            "inputs": export_lib._describe_onnx(session.get_inputs()),
-            "outputs": export_lib._describe_onnx(session.get_outputs()),
-            "dtype": export_lib.ONNX_DTYPE,
-            "max_abs_diff_vs_jax": diff,
-            "conversion_seconds": report["seconds"],
-        }
-    }
+    return {tts_acoustic.NAME: onnx_check.checked_function(output, report, fn, feeds)}
 
 
 def vocoding_section(config) -> dict:

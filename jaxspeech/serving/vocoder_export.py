@@ -41,7 +41,7 @@ from jaxspeech.runs import checkpoint as ckpt_lib
 from jaxspeech.runs import loading, vocoder_loading
 from jaxspeech.runs.vocoder_loading import VocoderRun
 from jaxspeech.serving import export as export_lib
-from jaxspeech.serving import tts_acoustic, vocoder_generator
+from jaxspeech.serving import onnx_check, tts_acoustic, vocoder_generator
 
 FORMAT_VERSION = 1  # readers check it; fields are only ever added within a version
 NAME = vocoder_generator.NAME
@@ -178,41 +178,20 @@ def check_inputs(n_mels: int, b: int, t: int, seed: int = 0) -> dict:
 
 def export_onnx(run: VocoderRun, output: str, onnx_python: str | None) -> dict:
     """Write vocoder.onnx (float32, converted in the converter's environment) and check it
-    in onnxruntime against the float32 JAX function; returns the manifest's "functions".
+    in onnxruntime against the float32 JAX function (`onnx_check`); returns the manifest's
+    "functions".
 
     Raises:
       UserError: the converter's environment is missing.
       RuntimeError: the conversion failed, or the ONNX function differs from JAX's.
     """
-    import onnxruntime as ort  # noqa: PLC0415 (the `onnx` extra)
-
     fn, arguments, params = generator_function(run, export_lib.ONNX_DTYPE)
     python = onnx_python or export_lib.default_onnx_python()
     with tempfile.TemporaryDirectory(dir=output, prefix=".stage-") as where:
         tts_acoustic.stage(arguments, params, {}, {}, where)
         report = export_lib.run_converter(where, output, python, module=CONVERTER)
-    session = ort.InferenceSession(
-        os.path.join(output, report["file"]), providers=["CPUExecutionProvider"]
-    )
     feeds = check_inputs(int(run.cfg.num_mel_bins), 2, 7)
-    got = session.run(None, feeds)
-    want = jax.jit(fn)(*feeds.values())
-    diff = max(
-        float(np.max(np.abs(np.asarray(g, np.float64) - np.asarray(w, np.float64))))
-        for g, w in zip(got, want, strict=True)
-    )
-    if diff > export_lib.ONNX_TOLERANCE:
-        raise RuntimeError(f"{report['file']} differs from the JAX function by {diff:.3g}")
-    return {
-        NAME: {
-            "file": report["file"],
-            "inputs": export_lib._describe_onnx(session.get_inputs()),
-            "outputs": export_lib._describe_onnx(session.get_outputs()),
-            "dtype": export_lib.ONNX_DTYPE,
-            "max_abs_diff_vs_jax": diff,
-            "conversion_seconds": report["seconds"],
-        }
-    }
+    return {NAME: onnx_check.checked_function(output, report, fn, feeds)}
 
 
 def front_end_section(run: VocoderRun) -> dict:
