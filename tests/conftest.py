@@ -19,7 +19,7 @@ os.environ.setdefault(
 )
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
-from tests.e2e.cli import QUICK_COMPILE_FLAGS  # noqa: E402
+from tests.e2e.cli import QUICK_COMPILE_FLAGS, compile_cache  # noqa: E402
 
 # Must happen before jax initializes its backend (i.e. before any test imports jax).
 os.environ["JAX_PLATFORMS"] = "cpu"
@@ -35,6 +35,17 @@ import jax  # noqa: E402
 from jaxspeech.serving import export as export_lib  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
+
+# The tests' own programs go to the session's persistent compilation cache too (the one
+# their CLI runs share, tests/e2e/cli.py): many tests build the same tiny models and
+# steps afresh, and jit's in-memory cache is keyed by the Python function, the persistent
+# one by the program, so a program another test (or the other worker) compiled is loaded
+# instead (about 6% of the CPU time of tests/models + decoding + losses). The size limit
+# turns on the cache's file lock, as in cli.cpu_env; compilations under 0.2 s are not
+# worth a file.
+jax.config.update("jax_compilation_cache_dir", compile_cache())
+jax.config.update("jax_compilation_cache_max_size", 16 * 2**30)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
 
 
 def onnx_converter() -> str:
