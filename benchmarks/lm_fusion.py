@@ -7,7 +7,8 @@
    verbatim in the train split (an LM trained on them would know those sentences).
 2. Runs the model once over every utterance of dev and test (`--head ctc`: the log-probs
    evaluation's ctc_beam uses; `rnnt`: the transducer's projected encodings) and scores,
-   from the same outputs: greedy decoding (for rnnt: modified beam search of width 1),
+   from the same outputs: greedy decoding (for rnnt: modified beam search of width 1, which
+   is greedy search with the run's decoding.max_symbols_per_frame),
    beam search without LM, and with the LM for every (`--weights` x `--bonuses`) on dev;
    then test with the best dev setting and with the config's defaults. The rnnt searches
    are the fused host search (`decoding.rnnt_fusion`; weight 0 is the device search).
@@ -98,7 +99,14 @@ def decode_all(outputs, beam: int | None, fusion: Fusion | None, transducer=None
     if transducer is not None:
         fusion = fusion or Fusion(transducer.lm, transducer.words, 0.0, 0.0)
         hyps = [
-            rnnt_beam_search_fused(x, len(x), transducer.model, fusion, beam=beam or 1)[0].tokens
+            rnnt_beam_search_fused(
+                x,
+                len(x),
+                transducer.model,
+                fusion,
+                beam=beam or 1,
+                max_symbols_per_frame=transducer.max_symbols,
+            )[0].tokens
             for x in outputs
         ]
     elif beam is None:
@@ -160,7 +168,8 @@ def main() -> None:
         model = search.predictor_beam(
             run.spec.graphdef, run.params, run.model_vars, run.tokenizer.blank_id
         )
-        transducer = types.SimpleNamespace(model=model, lm=lm, words=words)
+        max_symbols = int(run.config.decoding.max_symbols_per_frame)
+        transducer = types.SimpleNamespace(model=model, lm=lm, words=words, max_symbols=max_symbols)
 
     def row(split, name, beam, weight=None, bonus=None):
         outputs, refs, seconds = splits[split]

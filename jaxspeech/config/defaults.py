@@ -248,7 +248,9 @@ def _decoding(c: ConfigDict) -> None:
     # head's greedy decoder (RNN-T when there is one; CTC's for ctc+aed; aed_beam for aed).
     c.decoding.method = "auto"
     c.decoding.beam = 4  # hypotheses kept by ctc_beam / rnnt_beam / aed_beam / aed_rescore
-    c.decoding.max_symbols_per_frame = 3  # RNN-T greedy
+    # RNN-T greedy and beam search: labels a frame may emit (1 in rnnt_beam is icefall's
+    # modified beam search; a character model at 40 ms frames needs more on some frames).
+    c.decoding.max_symbols_per_frame = 3
     # Shallow fusion of a word n-gram LM (ARPA/KenLM file, `python -m data_prep.lm`) in
     # ctc_beam and rnnt_beam: score + lm_weight * ln P_lm(words) + word_bonus * words
     # (defaults tuned on the demo's dev set; see jaxspeech.decoding.search).

@@ -138,6 +138,7 @@ def make_decode_fn(graphdef, config: ConfigDict, blank_id: int) -> Callable:
                 joint,
                 beam=dec.beam,
                 blank_id=blank_id,
+                max_symbols_per_frame=dec.max_symbols_per_frame,
                 with_frames=True,
             )
         return {"tokens": tokens, "num_tokens": num, "frames": frames}
@@ -174,7 +175,11 @@ def make_head_fn(graphdef, config: ConfigDict, blank_id: int) -> Callable:
             )
         else:
             tokens, num, _, frames = rnnt_decoding.rnnt_modified_beam_search(
-                *args, beam=dec.beam, blank_id=blank_id, with_frames=True
+                *args,
+                beam=dec.beam,
+                blank_id=blank_id,
+                max_symbols_per_frame=dec.max_symbols_per_frame,
+                with_frames=True,
             )
         return {"tokens": tokens, "num_tokens": num, "frames": frames}
 
@@ -328,6 +333,7 @@ class Searcher:
     def bind(self, params: dict, model_vars: dict, with_frames: bool = False) -> Callable:
         """hyps(out) for decode outputs of these parameters."""
         beam, blank = int(self.config.decoding.beam), self.blank_id
+        max_sym = int(self.config.decoding.max_symbols_per_frame)
         if self.method.startswith("aed"):
             if self.graphdef is None:
                 raise ValueError(f"decoding.method {self.method!r} needs the model's graph")
@@ -344,7 +350,15 @@ class Searcher:
 
             def fused_rnnt(out: dict) -> list:
                 best = [
-                    rnnt_beam_search_fused(enc, n, model, self.fusion, beam=beam, blank_id=blank)[0]
+                    rnnt_beam_search_fused(
+                        enc,
+                        n,
+                        model,
+                        self.fusion,
+                        beam=beam,
+                        blank_id=blank,
+                        max_symbols_per_frame=max_sym,
+                    )[0]
                     for enc, n in zip(out["enc_proj"], out["lengths"])
                 ]
                 return [(h.tokens, h.frames) if with_frames else h.tokens for h in best]

@@ -164,39 +164,50 @@ def _numpy_beam(model, blank) -> PredictorBeam:
     return PredictorBeam(init, logp, advance)
 
 
-def _fused_brute_force(enc_td, n, model, blank, v, lm_part):
-    """The best fused sequence of all one-output-per-frame alignments, and every
-    sequence's fused score (its summed probability's log plus its LM part)."""
-    probs = _modified_beam_sequences(enc_td, n, model, blank, v)
+def _fused_brute_force(enc_td, n, model, blank, v, lm_part, max_sym=1):
+    """The best fused sequence of all alignments with up to `max_sym` labels per frame
+    (`_modified_beam_sequences`), and every sequence's fused score (its summed
+    probability's log plus its LM part)."""
+    probs = _modified_beam_sequences(enc_td, n, model, blank, v, max_sym)
     fused = {s: np.log(p) + lm_part(s) for s, p in probs.items()}
     return max(fused, key=fused.get), fused
 
 
-@pytest.mark.parametrize("kind", ["stateless", "recurrent"])
-def test_rnnt_fused_beam_search_equals_brute_force(kind):
-    v, t, blank = len(CHAR_PIECES), 4, 0
+@pytest.mark.parametrize(
+    "kind,t,max_sym", [("stateless", 4, 1), ("recurrent", 4, 1), ("recurrent", 2, 2)]
+)
+def test_rnnt_fused_beam_search_equals_brute_force(kind, t, max_sym):
+    v, blank = len(CHAR_PIECES), 0
     model = _model(_params(3, v), kind, np, blank)
     fusion = Fusion(LM, TokenWords.from_pieces(CHAR_PIECES, sentencepiece=False), 1.0, 0.3)
     lm_part = lambda s: _fused_score(LM, CHAR_PIECES, s, 1.0, 0.3)  # noqa: E731
-    k = v * sum((v - 1) ** i for i in range(t))  # no candidate is ever cut
+    # no candidate is ever cut: K >= the candidates of any expansion
+    k = v * sum((v - 1) ** i for i in range(t)) if max_sym == 1 else 512
     for seed in range(2):
         enc = _enc(20 + seed, 1, t)[0].astype(np.float64)
-        best, fused = _fused_brute_force(enc, t, model, blank, v, lm_part)
-        got = rnnt_beam_search_fused(enc, t, _numpy_beam(model, blank), fusion, beam=k)
+        best, fused = _fused_brute_force(enc, t, model, blank, v, lm_part, max_sym)
+        got = rnnt_beam_search_fused(
+            enc, t, _numpy_beam(model, blank), fusion, beam=k, max_symbols_per_frame=max_sym
+        )
         assert tuple(got[0][0]) == best
+        assert len(got) == len(fused)  # every sequence, done with the last frame, once
         for seq, score, frames in got:
             np.testing.assert_allclose(score, fused[tuple(seq)], atol=1e-9, rtol=0)
-            assert len(frames) == len(seq) and frames == sorted(set(frames))
+            # at most max_sym labels on a frame, in order
+            assert len(frames) == len(seq) and frames == sorted(frames)
+            assert all(frames.count(f) <= max_sym for f in frames) and all(f < t for f in frames)
 
 
-@pytest.mark.parametrize("beam", [2, 3])
-def test_rnnt_fusion_with_weight_zero_is_the_modified_beam_search(beam):
+@pytest.mark.parametrize("beam,max_sym", [(2, 1), (3, 1), (3, 3)])
+def test_rnnt_fusion_with_weight_zero_is_the_modified_beam_search(beam, max_sym):
     v, blank = 4, 0
     model = _model(_params(6, v), "recurrent", np, blank)
     fusion = Fusion(LM, TokenWords.from_pieces(CHAR_PIECES[:v], sentencepiece=False), 0.0, 0.0)
     enc = _enc(7, 1, 7)[0].astype(np.float64)
-    got = rnnt_beam_search_fused(enc, 7, _numpy_beam(model, blank), fusion, beam=beam)
-    want_seq, want_score = _modified_beam_ref(enc, 7, model, blank, v, beam)
+    got = rnnt_beam_search_fused(
+        enc, 7, _numpy_beam(model, blank), fusion, beam=beam, max_symbols_per_frame=max_sym
+    )
+    want_seq, want_score = _modified_beam_ref(enc, 7, model, blank, v, beam, max_sym)
     assert got[0][0] == want_seq
     np.testing.assert_allclose(got[0][1], want_score, atol=1e-9, rtol=0)
 

@@ -1,7 +1,6 @@
 """RNN-T greedy and modified beam search against plain-numpy references on a tiny random model."""
 
 import functools
-import itertools
 
 import jax
 import jax.numpy as jnp
@@ -77,55 +76,76 @@ def _greedy_ref(enc_td, n, model, blank, max_sym):
     return out
 
 
-def _modified_beam_sequences(enc_td, n, model, blank, v) -> dict:
-    """Every alignment with exactly one output per frame (blank, or one label and the frame ends:
-    icefall's modified beam search adds no blank after a label); probabilities summed per label
+def _modified_beam_sequences(enc_td, n, model, blank, v, max_sym=1) -> dict:
+    """Every alignment in which each frame emits up to `max_sym` labels, followed by blank
+    unless it emitted `max_sym` (max_sym 1: exactly one output per frame, as icefall's
+    modified beam search: no blank after a label); probabilities summed per label
     sequence: {sequence: probability}."""
     pred_init, pred_step, joint = model
     pred0, state0 = pred_step(pred_init(1), np.full((1,), blank))
     probs: dict[tuple[int, ...], float] = {}
-    for path in itertools.product(range(v), repeat=n):
-        pred, state, logp, seq = pred0, state0, 0.0, []
-        for t, y in enumerate(path):
-            logp += _log_softmax(joint(enc_td[t : t + 1], pred)[0])[y]
-            if y != blank:
-                seq.append(y)
-                pred, state = pred_step(state, np.array([y]))
-        probs[tuple(seq)] = probs.get(tuple(seq), 0.0) + np.exp(logp)
+    labels = [y for y in range(v) if y != blank]
+
+    def frame(t, pred, state, logp, seq):
+        if t == n:
+            probs[seq] = probs.get(seq, 0.0) + np.exp(logp)
+            return
+        extend(t, 0, pred, state, logp, seq)
+
+    def extend(t, emitted, pred, state, logp, seq):
+        lp = _log_softmax(joint(enc_td[t : t + 1], pred)[0])
+        frame(t + 1, pred, state, logp + lp[blank], seq)  # blank ends the frame
+        for y in labels:
+            p2, s2 = pred_step(state, np.array([y]))
+            if emitted + 1 == max_sym:  # the frame's last label ends it too
+                frame(t + 1, p2, s2, logp + lp[y], seq + (y,))
+            else:
+                extend(t, emitted + 1, p2, s2, logp + lp[y], seq + (y,))
+
+    frame(0, pred0, state0, 0.0, ())
     return probs
 
 
-def _modified_beam_brute_force(enc_td, n, model, blank, v):
+def _modified_beam_brute_force(enc_td, n, model, blank, v, max_sym=1):
     """The best (sequence, log-prob) of `_modified_beam_sequences`."""
-    probs = _modified_beam_sequences(enc_td, n, model, blank, v)
+    probs = _modified_beam_sequences(enc_td, n, model, blank, v, max_sym)
     best = max(probs, key=probs.get)
     return list(best), float(np.log(probs[best]))
 
 
-def _modified_beam_ref(enc_td, n, model, blank, v, beam):
+def _modified_beam_ref(enc_td, n, model, blank, v, beam, max_sym=1):
     """icefall's modified beam search, one utterance, in plain Python: top `beam` of all
-    (hypothesis, token) candidates, then candidates with equal sequences are log-added."""
+    (hypothesis, token) candidates, then candidates with equal sequences are log-added;
+    `max_sym` such expansions per frame, a hypothesis that took blank (or the frame's
+    last label) only staying in the later ones, merged only with hypotheses also done."""
     pred_init, pred_step, joint = model
     pred, state = pred_step(pred_init(1), np.full((1,), blank))
-    hyps = [((), 0.0, pred, state)]
+    hyps = [((), 0.0, pred, state, False)]
     for t in range(n):
-        cands = []
-        for k, (_, score, pred, _) in enumerate(hyps):
-            logp = _log_softmax(joint(enc_td[t : t + 1], pred)[0])
-            cands += [(score + logp[y], k, y) for y in range(v)]
-        cands.sort(key=lambda c: -c[0])
-        merged: dict[tuple[int, ...], list] = {}
-        for score, k, y in cands[:beam]:
-            seq, _, pred, state = hyps[k]
-            if y != blank:
-                seq = seq + (y,)
-                pred, state = pred_step(state, np.array([y]))
-            if seq in merged:
-                merged[seq][1] = np.logaddexp(merged[seq][1], score)
-            else:
-                merged[seq] = [seq, score, pred, state]
-        hyps = [tuple(h) for h in merged.values()]
-    seq, score, _, _ = max(hyps, key=lambda h: h[1])
+        hyps = [(seq, score, pred, state, False) for seq, score, pred, state, _ in hyps]
+        for e in range(max_sym):
+            cands = []
+            for k, (_, score, pred, _, done) in enumerate(hyps):
+                if done:
+                    cands.append((score, k, blank))
+                    continue
+                logp = _log_softmax(joint(enc_td[t : t + 1], pred)[0])
+                cands += [(score + logp[y], k, y) for y in range(v)]
+            cands.sort(key=lambda c: -c[0])
+            merged: dict[tuple, list] = {}
+            for score, k, y in cands[:beam]:
+                seq, _, pred, state, done = hyps[k]
+                done = True
+                if y != blank:
+                    seq = seq + (y,)
+                    pred, state = pred_step(state, np.array([y]))
+                    done = e == max_sym - 1
+                if (seq, done) in merged:
+                    merged[seq, done][1] = np.logaddexp(merged[seq, done][1], score)
+                else:
+                    merged[seq, done] = [seq, score, pred, state, done]
+            hyps = [tuple(h) for h in merged.values()]
+    seq, score, _, _, _ = max(hyps, key=lambda h: h[1])
     return list(seq), float(score)
 
 
@@ -138,10 +158,17 @@ def _decoders(model, blank):
             enc, lens, pred_init, pred_step, joint, blank_id=blank, max_symbols_per_frame=max_sym
         )
 
-    @functools.partial(jax.jit, static_argnames="beam")
-    def beam_search(enc, lens, beam):
+    @functools.partial(jax.jit, static_argnames=("beam", "max_sym"))
+    def beam_search(enc, lens, beam, max_sym=1):
         return rnnt_modified_beam_search(
-            enc, lens, pred_init, pred_step, joint, beam=beam, blank_id=blank
+            enc,
+            lens,
+            pred_init,
+            pred_step,
+            joint,
+            beam=beam,
+            blank_id=blank,
+            max_symbols_per_frame=max_sym,
         )
 
     return greedy, beam_search
@@ -208,6 +235,49 @@ def test_pruned_modified_beam_search_equals_python_reference(beam):
         want_seq, want_score = _modified_beam_ref(enc[i], lens[i], ref_model, blank, v, beam)
         assert hyp == want_seq
         np.testing.assert_allclose(float(score[i]), want_score, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("kind,v,t,blank", [("stateless", 3, 3, 0), ("recurrent", 4, 2, 1)])
+def test_several_labels_per_frame_equal_brute_force(kind, v, t, blank):
+    """Up to 2 labels per frame, a beam wide enough never to cut: the best sequence of all
+    such alignments, its probability summed over them."""
+    p = _params(8, v)
+    p["b_out"][blank] = -1.0  # labels likely enough that frames emit two
+    ref_model = _model(p, kind, np, blank)
+    _, beam_search = _decoders(_model(p, kind, jnp, blank), blank)
+    lens = np.array([t, t - 1, t])
+    enc = _enc(30, 3, t)
+    tokens, num, score = beam_search(enc, lens, 256, max_sym=2)
+    assert tokens.shape == (3, 2 * t)
+    longest = 0
+    for i, hyp in enumerate(to_lists(tokens, num)):
+        want_seq, want_logp = _modified_beam_brute_force(enc[i], lens[i], ref_model, blank, v, 2)
+        assert hyp == want_seq
+        np.testing.assert_allclose(float(score[i]), want_logp, atol=1e-4, rtol=0)
+        longest = max(longest, len(hyp) - lens[i])
+    assert longest > 0  # some best sequence has more labels than frames
+
+
+@pytest.mark.parametrize("beam,max_sym", [(2, 2), (3, 3)])
+def test_pruned_search_with_several_labels_per_frame_equals_python_reference(beam, max_sym):
+    v, blank, t = 4, 0, 6
+    p = _params(9, v)
+    p["b_out"][blank] = -1.0
+    ref_model = _model(p, "recurrent", np, blank)
+    greedy, beam_search = _decoders(_model(p, "recurrent", jnp, blank), blank)
+    enc, lens = _enc(12, 3, t), np.array([6, 5, 3])
+    tokens, num, score = beam_search(enc, lens, beam, max_sym=max_sym)
+    for i, hyp in enumerate(to_lists(tokens, num)):
+        want_seq, want_score = _modified_beam_ref(
+            enc[i], lens[i], ref_model, blank, v, beam, max_sym
+        )
+        assert hyp == want_seq
+        np.testing.assert_allclose(float(score[i]), want_score, atol=1e-4, rtol=0)
+    # One hypothesis and S labels per frame is greedy search with S symbols per frame.
+    g_tokens, g_num = greedy(enc, lens, max_sym)
+    b_tokens, b_num, _ = beam_search(enc, lens, 1, max_sym=max_sym)
+    assert to_lists(b_tokens, b_num) == to_lists(g_tokens, g_num)
+    assert any(len(g) > n for g, n in zip(to_lists(g_tokens, g_num), lens))
 
 
 @pytest.mark.parametrize("kind", ["stateless", "recurrent"])
