@@ -165,12 +165,15 @@ CLEAN = {
     "waveform_aug.noise_prob": 0.0,
     "waveform_aug.start_epoch": 0,
 }
+# The default decodes by RNN-T beam search; the variants by their head's default.
+AUTO = {"decoding.method": "auto"}
 # What each demo variant changes from the default, as configs/demo.py's docstring says.
 VARIANT_CHANGES = {
-    "long": {"train.num_steps": 1800},  # "1,800 steps of the same recipe"
-    "rnnt": {"model.head": "rnnt", **CLEAN},  # "the transducer alone"
-    "ctc_rnnt": {"model.head": "ctc+rnnt", **CLEAN},  # "the same encoder with a transducer"
-    "ctc_aed": {  # "hybrid CTC/attention ... 1,250 steps take the time of the default's"
+    "long": {"train.num_steps": 1800},  # "1,800 steps of the default recipe"
+    "ctc": {"model.head": "ctc", **AUTO},  # "the same recipe with the CTC head"
+    "rnnt": {**CLEAN, **AUTO},  # "the transducer without the waveform augmentation"
+    "ctc_rnnt": {"model.head": "ctc+rnnt", **CLEAN, **AUTO},  # "... plus the CTC loss"
+    "ctc_aed": {  # "hybrid CTC/attention ... 1,250 steps (its step costs ~8% more)"
         **CLEAN,
         "model.head": "ctc+aed",
         "loss.ctc_weight": 0.5,
@@ -195,21 +198,22 @@ def test_demo_variants_build(variant):
     config = demo.get_config(variant)
     assert _num_params(config, 30) == expected_params(config, 30)
     method = search.decoding_method(config)
-    assert method in search.DECODERS and method == DECODING[config.model.head]
+    want = "rnnt_beam" if variant in ("default", "long") else DECODING[config.model.head]
+    assert method in search.DECODERS and method == want
     if variant in VARIANT_CHANGES:
         base, this = keys.flat(demo.get_config().to_dict()), keys.flat(config.to_dict())
         assert {k: v for k, v in this.items() if base[k] != v} == VARIANT_CHANGES[variant]
 
 
 def test_demo_default_model():
-    """The demo's own model: Conformer-CTC, 144-dim, 8 blocks, x4 subsampling, full
-    context, no rematerialization; about 4.2M parameters with a 30-character vocabulary."""
+    """The demo's own model: Conformer-transducer, 144-dim, 8 blocks, x4 subsampling, full
+    context, no rematerialization; about 4.4M parameters with a 30-character vocabulary."""
     config = demo.get_config()
-    assert (config.model.encoder, config.model.head) == ("conformer", "ctc")
+    assert (config.model.encoder, config.model.head) == ("conformer", "rnnt")
     e = config.model.conformer
     assert (e.dim, e.num_layers, e.subsampling_factor, e.remat) == (144, 8, 4, "none")
     assert (e.causal, e.chunk_size, e.dynamic_chunk) == (False, 0, False)
-    assert round(expected_params(config, 30) / 1e6, 1) == 4.2
+    assert round(expected_params(config, 30) / 1e6, 1) == 4.4
 
 
 @pytest.mark.parametrize("variant", ["default", "tiny"])
