@@ -109,7 +109,7 @@ def test_the_watcher_plans_each_missing_split_of_each_step_once(tmp_path):
 
 
 def test_lm_overrides_are_checked_and_tag_the_result_files(tmp_path):
-    config = demo.get_config()
+    config = demo.get_config("ctc")  # a CTC run: its beam search is ctc_beam
     for key in ("lm_path", "lm_weight", "word_bonus"):
         del config.decoding[key]  # a run from before LM fusion
     (tmp_path / "config.json").write_text(config.to_json())

@@ -93,7 +93,7 @@ BAD: dict[str, list[tuple[object, str]]] = {
 # key or key prefix -> settings under which the keys it covers are used (the longest
 # entry a key starts with applies); the bad value of the key is set on top.
 CTC_RNNT = [("model.head", "ctc+rnnt"), ("decoding.method", "auto")]  # (ctc_aed: aed_beam)
-CTC_AED = [("model.head", "ctc+aed")]
+CTC_AED = [("model.head", "ctc+aed"), ("decoding.method", "auto")]
 MFCC = [("features.kind", "mfcc")]
 # Stacks that split into 2 stages x 2 groups: the Conformer's, and a decoder's (ctc_aed).
 PIPELINED = [
