@@ -10,17 +10,17 @@ Measured figures of every variant, with commit, date and device, and the recipe'
 (what each of its choices was worth): docs/results.md.
 
 Variants (`--config configs/demo.py:NAME`):
-  (default) the transducer (stateless predictor, pruned RNN-T loss), 1,350 steps, speed
+  (default) the transducer (stateless predictor, pruned RNN-T loss), 1,800 steps, speed
             perturbation and noise from the 4th epoch, decoded by RNN-T beam search
-            (beam 4, up to 3 labels a frame). Measured 2026-11-27 on 2 CPU cores (14.8 min
-            of training): test CER 12.4% / WER 40.0% (3 held-out voices, unseen
-            sentences), dev 11.6% / 39.6% (2 other held-out voices), natural-text unseen
-            voices 23.2% clean, 27.4% noisy; with the trigram LM (beam 8) test 11.1% /
-            33.6%.
-  ctc       the same recipe with the CTC head (the default until 2026-11-27; 18.8 min):
-            test CER 14.9% / WER 52.6%, dev 14.7% / 49.8%, natural 26.9% clean, 29.9%
-            noisy. Without the augmentation (ec33db7): test 14.5% / 50.5%, noisy 43.9%.
-  long      1,800 steps of the default recipe (not measured with the transducer head).
+            (beam 4, up to 3 labels a frame). Measured 2026-11-27 on 2 CPU cores (17.6 min
+            of training): test CER 9.2% / WER 31.2% (3 held-out voices, unseen
+            sentences), dev 8.9% / 31.7% (2 other held-out voices), natural-text unseen
+            voices 22.2% clean, 25.1% noisy; with the trigram LM (beam 8) test 8.0% /
+            25.0%. At 1,350 steps (13.6 min): test 12.4% / 40.0%, natural 23.2% / 27.4%.
+  ctc       the same augmentation with the CTC head and 1,350 steps (the default until
+            2026-11-27; 18.8 min): test CER 14.9% / WER 52.6%, dev 14.7% / 49.8%, natural
+            26.9% clean, 29.9% noisy. Without the augmentation (ec33db7): test 14.5% /
+            50.5%, noisy 43.9%.
   ctc_rnnt  the same encoder with a transducer plus the CTC loss at weight 0.3, decoded by
             RNN-T greedy search, no waveform augmentation: 1,350 steps (2026-11-26,
             40507ab; 43.2 min while the test suite shared the cores). Test CER 10.3% / WER
@@ -51,7 +51,7 @@ from ml_collections import ConfigDict
 
 from jaxspeech.config import defaults
 
-VARIANTS = ("default", "ctc", "long", "tiny", "rnnt", "ctc_rnnt", "streaming", "ctc_aed")
+VARIANTS = ("default", "ctc", "tiny", "rnnt", "ctc_rnnt", "streaming", "ctc_aed")
 
 
 def get_config(arg: str | None = None) -> ConfigDict:
@@ -76,7 +76,7 @@ def get_config(arg: str | None = None) -> ConfigDict:
     c.specaug.time_mask_max_ratio = 0.04
     c.specaug.freq_warp = 0.1
     c.model.conformer.dropout = 0.0  # dropout's random bits cost ~25% of a CPU step
-    if variant in ("default", "ctc", "long"):
+    if variant in ("default", "ctc"):
         # Waveform augmentation from the 4th epoch (~step 320 of 1,350 at 3 h): speed
         # 0.9/1.0/1.1 and, on half of the utterances, white/pink/brown noise at 5-20 dB.
         # From step 0 either one kept the model on CTC's blank plateau past the budget;
@@ -86,16 +86,15 @@ def get_config(arg: str | None = None) -> ConfigDict:
         c.waveform_aug.speeds = (0.9, 1.0, 1.1)
         c.waveform_aug.noise_prob = 0.5
         c.waveform_aug.start_epoch = 3
-    if variant in ("default", "long"):
-        # The transducer: better than CTC on every split (test CER 12.4% against 14.9%,
-        # natural noisy 27.4% against 29.9%) and its 1,350 steps train in 14.8 min against
-        # CTC's 18.8 on 2 cores. Beam search with up to 3 labels a frame (at 40 ms frames
-        # a character model needs more than one on some): test 12.4% against greedy's
-        # 13.3% (docs/results.md, 1a).
+    if variant == "default":
+        # The transducer: better than CTC on every split at 1,350 steps (test CER 12.4%
+        # against 14.9%, natural noisy 27.4% against 29.9%), and those train in 13.6 min
+        # against CTC's 18.8 on 2 cores, so the default spends the difference on 1,800
+        # steps (test 9.2%, natural 22.2% / 25.1%; 17.6 min). Beam search with up to 3
+        # labels a frame (at 40 ms frames a character model needs more than one on some):
+        # test 12.4% against greedy's 13.3% at 1,350 steps (docs/results.md, 1a).
         c.model.head = "rnnt"
         c.decoding.method = "rnnt_beam"
-
-    if variant == "long":
         c.train.num_steps = 1800
     if variant in ("rnnt", "ctc_rnnt"):
         c.model.head = "rnnt" if variant == "rnnt" else "ctc+rnnt"
@@ -104,14 +103,14 @@ def get_config(arg: str | None = None) -> ConfigDict:
         # joint CTC/attention beam search. At this budget CTC's weight matters: at ESPnet's
         # 0.3 the encoder learned too slowly (test CER 17.5%, its CTC branch alone 20.6%;
         # 0.5: 13.6% and 15.9%). A decoder as wide as the encoder and 3 blocks deep keeps
-        # the step close to the default's on 2 cores; no dropout, as the encoder.
+        # the step close to the CTC recipe's on 2 cores; no dropout, as the encoder.
         c.model.head = "ctc+aed"
         c.loss.ctc_weight = 0.5
         c.model.decoder.update(dim=144, num_layers=3, num_heads=4, dropout=0.0)
         c.decoding.method = "aed_beam"
-        # Equal training time: its step costs ~8% more than the default's on 2 cores (57.3
+        # Equal training time: its step costs ~8% more than the CTC recipe's on 2 cores (57.3
         # against 52.3 GFLOP for the 6.25 s bucket; 0.90 against 1.01 steps/s measured side
-        # by side), so 1,250 steps take the time of the default's 1,350.
+        # by side), so 1,250 steps take the time of the CTC recipe's 1,350.
         c.train.num_steps = 1250
     if variant == "streaming":
         # Causal convolutions and chunked attention with a chunk size drawn per batch:

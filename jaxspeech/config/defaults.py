@@ -386,7 +386,7 @@ def _vocoder(c: ConfigDict) -> None:
 
 def _train(c: ConfigDict) -> None:
     c.train = ConfigDict()  # the training loop
-    c.train.num_steps = 1350  # the demo's: ~1 step/s on 2 cores, `make demo` fits 25 minutes
+    c.train.num_steps = 1350  # the demo variants' budget on 2 cores (the demo's transducer: 1,800)
     c.train.run_steps = 0  # >0: stop this invocation after that many steps (then resume)
     c.train.log_every = 25  # steps between progress lines and metric writes
     c.train.checkpoint_every = 200  # steps (0 = off); also saved at the end and on SIGTERM
