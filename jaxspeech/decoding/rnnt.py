@@ -293,10 +293,11 @@ def rnnt_modified_beam_search(
     same frame (as greedy search does), one that took blank is done with the frame and
     competes for the K places as itself, and after the S-th expansion every hypothesis is
     done. At 40 ms frames a character model needs more than one label on some frames: one
-    per frame deletes them (the demo's transducer: test CER 19.1% at S = 1, 13.3% by greedy
-    search at S = 3). Initially one live hypothesis (empty, score 0). Frames at or past
-    `enc_len_b` leave the beam unchanged. The best hypothesis is the one with the highest
-    total log-prob (icefall instead picks by log-prob / length by default).
+    per frame deletes them (the demo's transducer at 1,350 steps, beam 8: test CER 18.0% at
+    S = 1, 12.2% at S = 3; greedy search 13.3%). Initially one live hypothesis (empty, score
+    0). Frames at or past `enc_len_b` leave the beam unchanged. The best hypothesis is the
+    one with the highest total log-prob (icefall instead picks by log-prob / length by
+    default).
 
     Sequences are compared by two independent 32-bit rolling hashes plus their length and last
     label, so a false merge needs a simultaneous 64-bit collision among <= K candidates.
