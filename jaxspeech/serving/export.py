@@ -372,6 +372,15 @@ def _manifest(
     }
 
 
+def publish(stage: str, output: str, manifest: dict) -> None:
+    """Writes `manifest` (with the list of every file) into the filled staging directory
+    `stage` (`files.staging_dir(output)`) and moves it into place at `output`."""
+    manifest["files"] = sorted(os.listdir(stage)) + [MANIFEST]
+    text = json.dumps(manifest, indent=1, default=str)
+    files.atomic_write(os.path.join(stage, MANIFEST), text)
+    files.replace_dir(stage, output)
+
+
 def export_run(
     workdir: str,
     output: str,

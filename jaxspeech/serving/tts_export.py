@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import datetime
 import inspect
-import json
 import os
 import shutil
 import tempfile
@@ -106,10 +105,7 @@ def export_tts_run(
             described |= more
         manifest = _manifest(fmt, described, run, workdir, frames, max_frames is None)
         manifest["vocoder"] = vocoder
-        manifest["files"] = sorted(os.listdir(stage)) + [export_lib.MANIFEST]
-        text = json.dumps(manifest, indent=1, default=str)
-        files.atomic_write(os.path.join(stage, export_lib.MANIFEST), text)
-        files.replace_dir(stage, output)
+        export_lib.publish(stage, output, manifest)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise

@@ -21,7 +21,6 @@ own manifest's "vocoder" (`vocoder_section`) and refuses another front end in on
 from __future__ import annotations
 
 import datetime
-import json
 import os
 import shutil
 import tempfile
@@ -77,10 +76,7 @@ def export_vocoder_run(
     try:
         functions = export_functions(run, fmt, stage, onnx_python)
         manifest = _manifest(fmt, functions, run, workdir)
-        manifest["files"] = sorted(os.listdir(stage)) + [export_lib.MANIFEST]
-        text = json.dumps(manifest, indent=1, default=str)
-        files.atomic_write(os.path.join(stage, export_lib.MANIFEST), text)
-        files.replace_dir(stage, output)
+        export_lib.publish(stage, output, manifest)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
