@@ -165,9 +165,14 @@ CLEAN = {
     "waveform_aug.noise_prob": 0.0,
     "waveform_aug.start_epoch": 0,
 }
-# The default decodes by RNN-T beam search after 1,800 steps; the variants by their head's
-# default search after the library's 1,350.
-AUTO = {"decoding.method": "auto", "train.num_steps": 1350}
+# The default decodes by RNN-T beam search after 1,800 steps, with its own LM weights; the
+# variants by their head's default search after the library's 1,350.
+AUTO = {
+    "decoding.method": "auto",
+    "train.num_steps": 1350,
+    "decoding.lm_weight": 1.2,  # the library's LM fusion weights, not the default's
+    "decoding.word_bonus": 10.0,
+}
 # What each demo variant changes from the default, as configs/demo.py's docstring says.
 VARIANT_CHANGES = {
     "ctc": {"model.head": "ctc", **AUTO},  # "the same augmentation with the CTC head"
@@ -182,6 +187,8 @@ VARIANT_CHANGES = {
         "model.decoder.dropout": 0.0,
         "decoding.method": "aed_beam",
         "train.num_steps": 1250,
+        "decoding.lm_weight": 1.2,
+        "decoding.word_bonus": 10.0,
     },
 }
 DECODING = {

@@ -30,8 +30,10 @@ def test_demo_steps_follow_demo_data_and_demo_run(tmp_path):
     assert len(evaluate) == 2
     assert all(f"--data {data}/shards" in c and f"--workdir {run}" in c for c in evaluate)
     synth = [c for c in commands.splitlines() if "-m data_prep.demo.synth" in c]
-    assert len(synth) == 1 and f"--output {data}/raw" in synth[0]
-    assert "--natural_share 0.25" in synth[0]
+    # Synthesized, then checked before training (a corpus of another share is refused).
+    assert len(synth) == 2 and "--check" in synth[1] and "--check" not in synth[0]
+    assert all(f"--output {data}/raw" in c and "--natural_share 0.25" in c for c in synth)
+    assert commands.index(synth[1]) < commands.index(train[0])
 
 
 def _commands(*args: str) -> list[str]:
@@ -78,3 +80,7 @@ def test_demo_tts_steps(tmp_path):
         f"--split tts_heldout --asr_workdir {run} --vocoder_workdir {voc}"
     )
     assert not any("no recognizer run" in c or "configs/demo.py" in c for c in commands)
+    # The corpus's settings are checked before the synthesizer trains on it.
+    check = [c for c in commands if "-m data_prep.demo.synth --check" in c]
+    assert len(check) == 1 and f"--output {data}/raw" in check[0]
+    assert commands.index(check[0]) < commands.index(train[0])

@@ -1,7 +1,7 @@
 """Synthesize the multi-speaker English demo corpus with espeak-ng.
 
     python -m data_prep.demo.synth --output DIR [--hours 3] [--seed 0] [--workers N]
-        [--natural_share 0.5] [--tts_heldout 96]
+        [--natural_share 0.5] [--tts_heldout 96] [--check]
 
 Writes, for each split in (train, dev, test, tts_heldout):
     DIR/<split>/audio/<split>-<speaker>-<n>.wav   16 kHz mono PCM16
@@ -374,6 +374,30 @@ def _identity(hours: float, seed: int, natural_share: float, tts_heldout: int) -
 _IDENTITY_DEFAULTS = {"tts_heldout": 0}
 
 
+def _same_identity(output: str, previous: dict, identity: dict) -> None:
+    """Raise FileExistsError unless `previous` (a corpus's info) was built as `identity`."""
+    found = {k: previous.get(k, _IDENTITY_DEFAULTS.get(k)) for k in identity}
+    if found != identity:
+        raise FileExistsError(
+            f"--output {output} holds a synth_demo corpus built with {found}, not "
+            f"{identity}; remove it or choose another directory"
+        )
+
+
+def check_corpus(output: str, identity: dict) -> dict:
+    """--check: the info of the finished corpus in `output` if it was built as `identity`
+    (what `make demo` runs before training on a corpus an earlier default made)."""
+    try:
+        with open(os.path.join(output, INFO_FILE)) as f:
+            info = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise FileExistsError(
+            f"--output {output} holds no finished synth_demo corpus ({e})"
+        ) from None
+    _same_identity(output, info, identity)
+    return info
+
+
 def _prepare_output(output: str, identity: dict) -> None:
     """Make `output` ready for a build, refusing to mix with anything else.
 
@@ -404,12 +428,7 @@ def _prepare_output(output: str, identity: dict) -> None:
             f"--output {output} is not empty and does not hold a synth_demo corpus "
             f"(found: {', '.join(sorted(entries)[:8])}); choose an empty or new directory"
         )
-    found = {k: previous.get(k, _IDENTITY_DEFAULTS.get(k)) for k in identity}
-    if found != identity:
-        raise FileExistsError(
-            f"--output {output} holds a synth_demo corpus built with {found}, not "
-            f"{identity}; remove it or choose another directory"
-        )
+    _same_identity(output, previous, identity)
     for name in entries:
         path = os.path.join(output, name)
         shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
@@ -574,9 +593,17 @@ def main(argv: Sequence[str] | None = None) -> dict:
         help="utterances of the text-to-speech split: unseen sentences by training "
         "speakers (0: none)",
     )
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="build nothing: fail unless --output holds a finished corpus of these arguments",
+    )
+    args = vars(parser.parse_args(argv))
     try:
-        return build_corpus(**vars(args))  # the flags are its parameters, by name
+        if args.pop("check"):
+            keys = ("hours", "seed", "natural_share", "tts_heldout")
+            return check_corpus(args["output"], _identity(*(args[k] for k in keys)))
+        return build_corpus(**args)  # the flags are its parameters, by name
     except (FileExistsError, ValueError) as e:
         parser.exit(2, f"synth_demo: error: {e}\n")
 

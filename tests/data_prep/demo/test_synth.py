@@ -17,10 +17,11 @@ TINY_TTS = 10  # tts_heldout utterances: two render chunks of the fixture's CHUN
 ALL_SPLITS = (*synth.SPLITS, synth.TTS_SPLIT)
 
 
-def _run(out, seed=0, workers=1, natural_share=0.5, tts_heldout=TINY_TTS):
+def _run(out, seed=0, workers=1, natural_share=0.5, tts_heldout=TINY_TTS, *extra):
     """The tiny corpus; half of its training sentences natural, as the demo's."""
     return synth.main(
         [
+            *extra,
             "--output",
             str(out),
             "--hours",
@@ -226,6 +227,17 @@ def test_output_dir_rules(corpora, tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit):
         _run(tmp_path / "new", tts_heldout=-1)
     assert "--tts_heldout must be >= 0, got -1" in capsys.readouterr().err
+    # --check (make demo's, before training): the finished corpus of the same arguments
+    # passes untouched; another share, or no finished corpus, is one line and exit 2.
+    assert _run(dirs["w2"], 0, 1, 0.5, TINY_TTS, "--check")["natural_share"] == 0.5
+    assert _digest(dirs["w2"]) == before
+    with pytest.raises(SystemExit):
+        _run(dirs["w2"], 0, 1, 0.25, TINY_TTS, "--check")
+    assert "built with" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        _run(tmp_path / "none", 0, 1, 0.5, TINY_TTS, "--check")
+    assert "holds no finished synth_demo corpus" in capsys.readouterr().err
+    assert not (tmp_path / "none").exists()
     # A corpus from before the split (no "tts_heldout" in its info) counts as built with 0:
     # rebuilt by --tts_heldout 0, refused otherwise.
     old = tmp_path / "old"
