@@ -10,9 +10,11 @@
    from the same outputs: greedy decoding (for rnnt: modified beam search of width 1, which
    is greedy search with the run's decoding.max_symbols_per_frame),
    beam search without LM, and with the LM for every (`--weights` x `--bonuses`) on dev;
-   then test with the best dev setting and with the config's defaults. The rnnt searches
+   then test (and the other `--test_splits`) with the best dev setting (by `--select`:
+   WER, or CER) and with the config's own. The rnnt searches
    are the fused host search (`decoding.rnnt_fusion`; weight 0 is the device search).
-3. Prints a table and writes `benchmarks/results/lm_fusion.json` (`lm_fusion_rnnt.json`).
+3. Prints a table and writes `benchmarks/results/lm_fusion.json` (`lm_fusion_rnnt.json`;
+   `--output NAME`).
 
 Scores use the evaluator's scorer and the run's scoring normalization, so the greedy row
 equals `python -m jaxspeech.evaluate` on the same checkpoint.
@@ -142,7 +144,21 @@ def main() -> None:
     ap.add_argument("--beam", type=int, default=8)
     ap.add_argument("--weights", default="0.1,0.2,0.3,0.45")
     ap.add_argument("--bonuses", default="0.5,1,2,3,4")
+    ap.add_argument(
+        "--select",
+        choices=("wer", "cer"),
+        default="wer",
+        help="dev metric that picks the best setting (the other breaks ties)",
+    )
+    ap.add_argument(
+        "--test_splits",
+        default="test",
+        help="comma-separated splits scored "
+        "with the best dev setting and the config's, e.g. test,test_natural_clean",
+    )
+    ap.add_argument("--output", help="result file name (default: lm_fusion[_rnnt].json)")
     args = ap.parse_args()
+    tests = args.test_splits.split(",")
 
     result: dict = {
         "machine": environment.machine(),
@@ -155,14 +171,14 @@ def main() -> None:
         result["lm_build"] = lm_build.build_lm(sentences, args.order, lm_path)
     result["lm"] = {"path": lm_path, "megabytes": round(os.path.getsize(lm_path) / 1e6, 2)}
     train = {normalize_text(s) for s in lm_build.read_sentences_from_split(args.data, "train")}
-    result["verbatim_in_train"] = {s: overlap(args.data, s, train) for s in ("dev", "test")}
+    result["verbatim_in_train"] = {s: overlap(args.data, s, train) for s in ("dev", *tests)}
 
     run = loading.load_run(args.workdir)
     normalize = scoring.normalizer_from_config(run.config)
     words = TokenWords.from_tokenizer(run.tokenizer)
     lm = NgramLM(lm_path)
     result["step"], rows = run.step, []
-    splits = {s: outputs_of_split(run, args.data, s, args.head) for s in ("dev", "test")}
+    splits = {s: outputs_of_split(run, args.data, s, args.head) for s in ("dev", *tests)}
     transducer = None
     if args.head == "rnnt":
         model = search.predictor_beam(
@@ -181,7 +197,7 @@ def main() -> None:
         print(json.dumps(r), flush=True)
         return r
 
-    for split in ("dev", "test"):
+    for split in ("dev", *tests):
         row(split, "greedy", None)
         row(split, f"beam {args.beam}", args.beam)
     grid = [
@@ -189,18 +205,21 @@ def main() -> None:
         for w in args.weights.split(",")
         for b in args.bonuses.split(",")
     ]
-    best = min(grid, key=lambda r: (r["wer"], r["cer"]))
+    other = {"wer": "cer", "cer": "wer"}[args.select]
+    best = min(grid, key=lambda r: (r[args.select], r[other]))
     dec = run.config.decoding
     default = (dec.get("lm_weight", 0.5), dec.get("word_bonus", 1.0))
-    for weight, bonus in {(best["lm_weight"], best["word_bonus"]), default}:
-        row("test", f"beam {args.beam} + LM", args.beam, weight, bonus)
-    result |= {"rows": rows, "best_dev": {k: best[k] for k in ("lm_weight", "word_bonus")}}
-    name = "lm_fusion.json" if args.head == "ctc" else "lm_fusion_rnnt.json"
+    for weight, bonus in dict.fromkeys([(best["lm_weight"], best["word_bonus"]), default]):
+        for split in tests:
+            row(split, f"beam {args.beam} + LM", args.beam, weight, bonus)
+    result |= {"rows": rows, "selected_by": f"dev {args.select}"}
+    result["best_dev"] = {k: best[k] for k in ("lm_weight", "word_bonus")}
+    name = args.output or ("lm_fusion.json" if args.head == "ctc" else "lm_fusion_rnnt.json")
     results.write_json(os.path.join(RESULTS, name), result)
     print("| split | decoder | LM weight | word bonus | WER | CER | search RTF |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
-        if r["split"] == "test" or r["decoder"] != f"beam {args.beam} + LM" or r is best:
+        if r["split"] != "dev" or r["decoder"] != f"beam {args.beam} + LM" or r is best:
             w = "" if r["lm_weight"] is None else r["lm_weight"]
             b = "" if r["word_bonus"] is None else r["word_bonus"]
             print(

@@ -12,11 +12,14 @@ Measured figures of every variant, with commit, date and device, and the recipe'
 Variants (`--config configs/demo.py:NAME`):
   (default) the transducer (stateless predictor, pruned RNN-T loss), 1,800 steps, speed
             perturbation and noise from the 4th epoch, decoded by RNN-T beam search
-            (beam 4, up to 3 labels a frame). Measured 2026-11-27 on 2 CPU cores (17.6 min
-            of training): test CER 9.2% / WER 31.2% (3 held-out voices, unseen
-            sentences), dev 8.9% / 31.7% (2 other held-out voices), natural-text unseen
-            voices 22.2% clean, 25.1% noisy; with the trigram LM (beam 8) test 8.0% /
-            25.0%. At 1,350 steps (13.6 min): test 12.4% / 40.0%, natural 23.2% / 27.4%.
+            (beam 4, up to 3 labels a frame), on `make demo`'s corpus (half of the
+            training sentences natural since 090d9c7). Measured 2026-11-27 on 2 CPU cores
+            (18.3 min of training): test CER 11.9% / WER 39.6% (3 held-out voices, unseen
+            sentences), dev 12.6% / 40.9% (2 other held-out voices), natural-text unseen
+            voices 16.6% clean, 19.9% noisy; with the trigram LM (beam 8) test 10.5% /
+            33.8%, natural 16.5% / 19.7%. On the grammar only (DEMO_NATURAL_SHARE=0, 17.6
+            min): test 9.2% / 31.2%, natural 22.2% / 25.1%. The variants below were
+            measured on the grammar-only corpus.
   ctc       the same augmentation with the CTC head and 1,350 steps (the default until
             2026-11-27; 18.8 min): test CER 14.9% / WER 52.6%, dev 14.7% / 49.8%, natural
             26.9% clean, 29.9% noisy. Without the augmentation (ec33db7): test 14.5% /
@@ -90,7 +93,7 @@ def get_config(arg: str | None = None) -> ConfigDict:
         # The transducer: better than CTC on every split at 1,350 steps (test CER 12.4%
         # against 14.9%, natural noisy 27.4% against 29.9%), and those train in 13.6 min
         # against CTC's 18.8 on 2 cores, so the default spends the difference on 1,800
-        # steps (test 9.2%, natural 22.2% / 25.1%; 17.6 min). Beam search with up to 3
+        # steps (grammar only: test 9.2%, natural 22.2% / 25.1%). Beam search with up to 3
         # labels a frame (at 40 ms frames a character model needs more than one on some):
         # test 12.4% against greedy's 13.3% at 1,350 steps (docs/results.md, 1a).
         c.model.head = "rnnt"
