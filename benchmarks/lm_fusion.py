@@ -134,7 +134,7 @@ def overlap(data: str, split: str, train: set[str]) -> dict:
     }
 
 
-def main() -> None:
+def _parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--workdir", required=True)
     ap.add_argument("--data", required=True)
@@ -157,7 +157,11 @@ def main() -> None:
         "with the best dev setting and the config's, e.g. test,test_natural_clean",
     )
     ap.add_argument("--output", help="result file name (default: lm_fusion[_rnnt].json)")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = _parse_args()
     tests = args.test_splits.split(",")
 
     result: dict = {

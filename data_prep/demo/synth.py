@@ -48,7 +48,6 @@ import json
 import multiprocessing
 import os
 import random
-import shutil
 import time
 from collections.abc import Iterator, Sequence
 
@@ -56,7 +55,7 @@ import numpy as np
 import soundfile as sf
 import soxr
 
-from data_prep.demo import espeak, make_texts, phonemes
+from data_prep.demo import corpus_dir, espeak, make_texts, phonemes
 from data_prep.demo import sentences as sentences_lib
 from data_prep.demo import speakers as speakers_lib
 from data_prep.demo.speakers import ACCENTS, SPEAKERS, Speaker  # noqa: F401 (this module's API)
@@ -83,9 +82,8 @@ SPLIT_FRACTIONS = {"train": 0.90, "dev": 0.05, "test": 0.05}
 # the audio, so bump GENERATOR_VERSION with it.
 CHUNK_SIZE = 96
 MAX_EDGE_SILENCE_S = 0.2
-INFO_FILE = "corpus_info.json"
-# Written first and removed last: a directory holding it is a build of ours in progress.
-PARTIAL_FILE = ".synth_demo_partial.json"
+# This module's API: the corpus's info file, and the marker of a build in progress.
+INFO_FILE, PARTIAL_FILE = corpus_dir.INFO_FILE, corpus_dir.PARTIAL_FILE
 
 
 # ---------------------------------------------------------------------------------------
@@ -369,71 +367,6 @@ def _identity(hours: float, seed: int, natural_share: float, tts_heldout: int) -
     }
 
 
-# Identity keys added after corpora were built without them, and the value such a corpus
-# was built with: a corpus from before the tts_heldout split has none, as --tts_heldout 0.
-_IDENTITY_DEFAULTS = {"tts_heldout": 0}
-
-
-def _same_identity(output: str, previous: dict, identity: dict) -> None:
-    """Raise FileExistsError unless `previous` (a corpus's info) was built as `identity`."""
-    found = {k: previous.get(k, _IDENTITY_DEFAULTS.get(k)) for k in identity}
-    if found != identity:
-        raise FileExistsError(
-            f"--output {output} holds a synth_demo corpus built with {found}, not "
-            f"{identity}; remove it or choose another directory"
-        )
-
-
-def check_corpus(output: str, identity: dict) -> dict:
-    """--check: the info of the finished corpus in `output` if it was built as `identity`
-    (what `make demo` runs before training on a corpus an earlier default made)."""
-    try:
-        with open(os.path.join(output, INFO_FILE)) as f:
-            info = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-        raise FileExistsError(
-            f"--output {output} holds no finished synth_demo corpus ({e})"
-        ) from None
-    _same_identity(output, info, identity)
-    return info
-
-
-def _prepare_output(output: str, identity: dict) -> None:
-    """Make `output` ready for a build, refusing to mix with anything else.
-
-    An empty or missing directory is used as is. A directory holding a complete or
-    interrupted build of ours with the same arguments is cleared and rebuilt. Anything
-    else is an error.
-    """
-    if not os.path.exists(output):
-        os.makedirs(output)
-        return
-    if not os.path.isdir(output):
-        raise FileExistsError(f"--output {output} exists and is not a directory")
-    entries = set(os.listdir(output))
-    if not entries:
-        return
-    ours = set(SPLITS) | {TTS_SPLIT, INFO_FILE, PARTIAL_FILE}
-    previous = None
-    for name in (INFO_FILE, PARTIAL_FILE):
-        if name in entries:
-            try:
-                with open(os.path.join(output, name)) as f:
-                    previous = json.load(f)
-            except (OSError, json.JSONDecodeError):
-                previous = None
-            break
-    if previous is None or (entries - ours):
-        raise FileExistsError(
-            f"--output {output} is not empty and does not hold a synth_demo corpus "
-            f"(found: {', '.join(sorted(entries)[:8])}); choose an empty or new directory"
-        )
-    _same_identity(output, previous, identity)
-    for name in entries:
-        path = os.path.join(output, name)
-        shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
-
-
 # ---------------------------------------------------------------------------------------
 # Build
 # ---------------------------------------------------------------------------------------
@@ -528,7 +461,7 @@ def build_corpus(
         raise ValueError(f"--workers must be >= 1, got {workers}")
     t0 = time.monotonic()
     identity = _identity(hours, seed, natural_share, tts_heldout)
-    _prepare_output(output, identity)
+    corpus_dir.prepare_output(output, identity, ours={*SPLITS, TTS_SPLIT})
     files.atomic_json(os.path.join(output, PARTIAL_FILE), identity)
 
     skipped: dict = {}
@@ -602,7 +535,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     try:
         if args.pop("check"):
             keys = ("hours", "seed", "natural_share", "tts_heldout")
-            return check_corpus(args["output"], _identity(*(args[k] for k in keys)))
+            identity = _identity(*(args[k] for k in keys))
+            return corpus_dir.check_corpus(args["output"], identity)
         return build_corpus(**args)  # the flags are its parameters, by name
     except (FileExistsError, ValueError) as e:
         parser.exit(2, f"synth_demo: error: {e}\n")

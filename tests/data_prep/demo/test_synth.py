@@ -9,12 +9,13 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from data_prep.demo import make_texts, sentences, synth
+from data_prep.demo import corpus_dir, make_texts, sentences, synth
 from data_prep.demo.espeak import Espeak, EspeakError
 
 TINY_HOURS = "0.02"  # ~30 utterances: every speaker once, a few seconds of synthesis
 TINY_TTS = 10  # tts_heldout utterances: two render chunks of the fixture's CHUNK_SIZE 8
 ALL_SPLITS = (*synth.SPLITS, synth.TTS_SPLIT)
+TINY, OURS = float(TINY_HOURS), set(ALL_SPLITS)  # prepare_output's hours and names
 
 
 def _run(out, seed=0, workers=1, natural_share=0.5, tts_heldout=TINY_TTS, *extra):
@@ -246,8 +247,8 @@ def test_output_dir_rules(corpora, tmp_path, monkeypatch, capsys):
     del info["tts_heldout"]
     (old / synth.INFO_FILE).write_text(json.dumps(info))
     with pytest.raises(FileExistsError, match="'tts_heldout': 0"):
-        synth._prepare_output(str(old), synth._identity(float(TINY_HOURS), 0, 0.5, TINY_TTS))
-    synth._prepare_output(str(old), synth._identity(float(TINY_HOURS), 0, 0.5, 0))
+        corpus_dir.prepare_output(str(old), synth._identity(TINY, 0, 0.5, TINY_TTS), OURS)
+    corpus_dir.prepare_output(str(old), synth._identity(TINY, 0, 0.5, 0), OURS)
     assert os.listdir(old) == []
 
 
