@@ -16,7 +16,8 @@ DEMO_BEAM_ARGS ?= --direct_running_mode=in_memory --direct_num_workers=1
 DEMO_NATURAL ?= 80
 # Share of the training utterances that speak a natural sentence (data_prep/demo/synth.py).
 # 0.5: natural speech far better than with the grammar only (0), the grammar's test split
-# a little worse; 0.25 and 0.75 worse on both (docs/results.md, section 1a).
+# a little worse; 0.25: natural speech worse, test about the same; 0.75: both worse
+# (docs/results.md, section 1a).
 DEMO_NATURAL_SHARE ?= 0.5
 NATURAL_SPLITS := test_natural_clean test_natural_noisy
 # Beam of the evaluation with the trigram LM: 8 for the transducer (32: no better, and
