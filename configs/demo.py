@@ -18,10 +18,12 @@ Variants (`--config configs/demo.py:NAME`):
             sentences), dev 11.9% / 39.9% (2 other held-out voices), natural-text unseen
             voices 15.8% clean, 18.7% noisy; with the trigram LM (beam 8) test 9.2% /
             27.8%, natural 15.0% / 17.9% (another order of the same sentences: 16.4% /
-            19.0%). On 3 hours from the 4th epoch (090d9c7): test 11.9%, natural 16.6% /
-            19.9%; on 3 hours of the grammar only (DEMO_NATURAL_SHARE=0, 17.6 min): test
-            9.2% / 31.2%, natural 22.2% / 25.1%. The variants below were measured on 3
-            hours of the grammar only.
+            19.0%). One seed, and a lucky one: four other seeds (one H200) gave test
+            14.6-15.7% and natural clean 18.7-20.3%, or never left the blank plateau
+            (docs/results.md, 1a). On 3 hours from the 4th epoch (090d9c7): test 11.9%,
+            natural 16.6% / 19.9%; on 3 hours of the grammar only (DEMO_NATURAL_SHARE=0,
+            17.6 min): test 9.2% / 31.2%, natural 22.2% / 25.1%. The variants below were
+            measured on 3 hours of the grammar only.
   ctc       the same augmentation with the CTC head and 1,350 steps (the default until
             2026-11-27; 18.8 min): test CER 14.9% / WER 52.6%, dev 14.7% / 49.8%, natural
             26.9% clean, 29.9% noisy. Without the augmentation (ec33db7): test 14.5% /
