@@ -63,3 +63,16 @@ def test_the_loader_gets_the_first_augmented_epoch(monkeypatch):
     # configs/demo.py's default augments from epoch 1 (the library's default: 0)
     assert seen["augment_from_epoch"] == 1 and seen["speeds"] == (0.9, 1.0, 1.1)
     assert seen["augment"] is aug
+
+
+def test_the_short_first_phase_reaches_the_labeled_split_only(monkeypatch):
+    """config.data.short_first_* reach the loader of the split being learned; a
+    distillation's other stream (short_first=False) reads every utterance from step 0."""
+    seen = {}
+    monkeypatch.setattr(inputs.pipeline_lib, "make_pipeline", lambda **kw: seen.update(kw))
+    config = demo.get_config()
+    config.data.short_first_steps, config.data.short_first_seconds = 300, 2.25
+    inputs._split_pipeline(config, "data", "train", None, None, "tok", short_first=True)
+    assert (seen["short_first_steps"], seen["short_first_seconds"]) == (300, 2.25)
+    inputs._split_pipeline(config, "data", "other", None, None, "tok")
+    assert seen["short_first_steps"] == 0

@@ -75,6 +75,11 @@ def _data(c: ConfigDict) -> None:
     # Label padding per bucket = boundary * this. Even characters of fast speech run at
     # < 20/s; rows over the limit are counted (label_overflow), never truncated.
     c.data.max_tokens_per_second = 30.0
+    # A curriculum: the first short_first_steps steps read only the utterances of the
+    # buckets up to short_first_seconds (one of bucket_boundaries), unaugmented; then all
+    # of them, and waveform_aug.start_epoch counts epochs from there. 0 = off.
+    c.data.short_first_steps = 0
+    c.data.short_first_seconds = 0.0  # the phase's longest utterance (a bucket boundary)
     # Loader shards: the corpus is dealt to this many readers, each host serving an equal
     # run of them. 0 = one per process. A fixed count (a multiple of every process count
     # you will use) gives the same global batches on 1 host or N: a run can move between

@@ -29,6 +29,8 @@ RANGES: dict[str, str] = {
     "seed": f"in [0, {SEED_MAX}]",
     "data.batch_seconds": "> 0",
     "data.max_tokens_per_second": "> 0",
+    "data.short_first_steps": ">= 0",
+    "data.short_first_seconds": ">= 0",
     "data.num_workers": ">= 0",
     "data.prefetch": ">= 0",
     "data.max_corrupt_fraction": "in [0, 1]",

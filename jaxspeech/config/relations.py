@@ -48,6 +48,18 @@ def buckets(c: ConfigDict, report: Report) -> None:
                 f"(a batch holds at least one utterance of each bucket), got a boundary of "
                 f"{show(max(bounds))}"
             )
+    d = c.data
+    if (
+        ranges.valid(c, "data.short_first_steps", "data.short_first_seconds")
+        and d.short_first_steps > 0
+        and isinstance(d.bucket_boundaries, tuple | list)
+        and d.short_first_seconds not in tuple(d.bucket_boundaries)
+    ):
+        report(
+            f"data.short_first_seconds must be one of data.bucket_boundaries="
+            f"{show(d.bucket_boundaries)} when data.short_first_steps > 0 (the short phase "
+            f"reads whole buckets), got {show(d.short_first_seconds)}"
+        )
 
 
 def features(c: ConfigDict, report: Report) -> None:

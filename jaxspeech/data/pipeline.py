@@ -30,8 +30,10 @@ from jaxspeech.data.plan import (  # noqa: F401 - re-exported: the pipeline's pu
     BatchPlan,
     BucketSpec,
     PlannedBatch,
+    ShortFirstPlan,
     make_bucket_spec,
     owned_records,
+    short_first_seed,
 )
 from jaxspeech.data.tokenizer import Tokenizer, normalize_text
 
@@ -195,7 +197,7 @@ class LoadBatch:
 class Pipeline:
     """A split's plan and loader; `iterator()` gives the checkpointable Grain iterator."""
 
-    plan: BatchPlan
+    plan: BatchPlan | ShortFirstPlan
     load: LoadBatch
     index: records.SplitIndex
     num_workers: int = 0
@@ -228,6 +230,7 @@ class Pipeline:
             f"({100 * plan.padding_fraction():.1f}% padding rows), "
             f"{len(plan.too_long)} longer than {spec.boundaries[-1]:g}s skipped; "
             f"{len(spec.boundaries)} batch shapes (global): {shapes}"
+            + (f"; {plan.describe()}" if isinstance(plan, ShortFirstPlan) else "")
         )
 
 
@@ -298,10 +301,15 @@ def plan_split(
     speeds: Sequence[float] = (1.0,),
     augment: Augment | None = None,
     augment_from_epoch: int = 0,
-) -> tuple[BatchPlan, list[str], list[int], np.ndarray | None]:
+    short_first_steps: int = 0,
+    short_first_seconds: float = 0.0,
+) -> tuple[BatchPlan | ShortFirstPlan, list[str], list[int], np.ndarray | None]:
     """This process's plan over the split at `where` (its `index`) and the shard files it
     reads, checked: (plan, paths, record counts, the global indices those files hold or
     None when every file is read). Shared by every loader (ASR's and text-to-speech's).
+    short_first_steps > 0 (training): for that many steps only the utterances of the
+    buckets up to `short_first_seconds` (one of spec's boundaries), unaugmented
+    (`ShortFirstPlan`).
 
     Raises:
       ValueError: settings that do not fit the split.
@@ -324,6 +332,21 @@ def plan_split(
         speeds=speeds if train else (1.0,),
         augment_from_epoch=augment_from_epoch,
     )
+    if train and short_first_steps > 0:
+        if short_first_seconds not in spec.boundaries:
+            raise ValueError(
+                f"the short-first phase's limit {short_first_seconds:g}s must be one of the "
+                f"bucket boundaries {spec.boundaries}"
+            )
+        short = BatchPlan(
+            index.durations,
+            spec.prefix(spec.boundaries.index(short_first_seconds) + 1),
+            seed=short_first_seed(seed),
+            shuffle=True,
+            owners=owners,
+            shards=mine,
+        )
+        plan = ShortFirstPlan(short, plan, short_first_steps)
     paths, counts, by_file = _checked_files(index, mine, num_shards)
     in_paths = np.sort(np.concatenate([owners[q] for q in mine])) if by_file else None
     return plan, paths, counts, in_paths
@@ -345,6 +368,8 @@ def make_pipeline(
     speeds: Sequence[float] = (1.0,),
     augment: Augment | None = None,
     augment_from_epoch: int = 0,
+    short_first_steps: int = 0,
+    short_first_seconds: float = 0.0,
     with_text: bool | None = None,
     retry: reader_lib.RetryPolicy = reader_lib.DEFAULT_RETRY,
 ) -> Pipeline:
@@ -352,7 +377,9 @@ def make_pipeline(
 
     train=True: shuffled, epoch-repeated, with speed perturbation over ``speeds`` and the
     ``augment`` function applied to every waveform from epoch ``augment_from_epoch`` on
-    (earlier epochs: neither). train=False: one pass in corpus order,
+    (earlier epochs: neither); short_first_steps > 0: first that many steps of only the
+    utterances up to the bucket boundary short_first_seconds, unaugmented, and the epochs
+    count from there (`ShortFirstPlan`). train=False: one pass in corpus order,
     no augmentation. The corpus is split into ``loader_shards`` (0: one per process; else
     a multiple of ``process_count``) by `owned_records`; each process serves a contiguous
     run of them and reads only their records. Batches carry "text" and "id" lists when
@@ -377,6 +404,8 @@ def make_pipeline(
         speeds=speeds,
         augment=augment,
         augment_from_epoch=augment_from_epoch,
+        short_first_steps=short_first_steps,
+        short_first_seconds=short_first_seconds,
     )
     load = LoadBatch(
         paths,

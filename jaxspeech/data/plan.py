@@ -39,6 +39,13 @@ class BucketSpec:
             for b in range(len(self.boundaries))
         ]
 
+    def prefix(self, k: int) -> BucketSpec:
+        """The first k buckets alone (their shapes unchanged)."""
+        if not 1 <= k <= len(self.boundaries):
+            raise ValueError(f"a prefix of 1-{len(self.boundaries)} buckets, not {k}")
+        b, s, m = self.boundaries[:k], self.batch_sizes[:k], self.max_labels[:k]
+        return BucketSpec(b, s, m, self.sample_rate)
+
 
 def make_bucket_spec(
     boundaries: Sequence[float],
@@ -282,3 +289,57 @@ class BatchPlan:
         batches = self.epoch(epoch)
         rows = sum(len(b.indices) for b in batches)
         return sum(int(np.sum(b.indices == PAD_INDEX)) for b in batches) / max(rows, 1)
+
+
+def short_first_seed(seed: int) -> int:
+    """The seed of a `ShortFirstPlan`'s short-utterance phase: derived from the run's seed
+    but independent of it, so that phase's batches are not the main plan's first ones
+    (the same bucket members under the same permutation) seen twice."""
+    return int(np.random.SeedSequence([seed, 0x5F]).generate_state(1)[0])
+
+
+class ShortFirstPlan:
+    """A curriculum: `short` for steps [0, steps), then `main` from its step 0.
+
+    `short` plans the same corpus with only the shortest of `main`'s buckets (its spec is a
+    prefix of main's: the same batch shapes, nothing new to compile), unperturbed. Its
+    batches carry epoch -1, which no ``augment_from_epoch`` reaches: short clean speech
+    first, like SortaGrad's sorted first epoch (Deep Speech 2). `main`'s epochs, and so the
+    epoch its augmentation starts at, count from the end of the phase. Indexed by step like
+    `BatchPlan`, so Grain's iterator state resumes it exactly.
+    """
+
+    def __init__(self, short: BatchPlan, main: BatchPlan, steps: int):
+        if short.spec != main.spec.prefix(len(short.spec.boundaries)):
+            raise ValueError("the short phase's buckets must be the first of the main plan's")
+        if steps <= 0:
+            raise ValueError(f"a short-first phase needs steps > 0, got {steps}")
+        self.short, self.main, self.steps = short, main, int(steps)
+        self.spec, self.owners, self.shards = main.spec, main.owners, main.shards
+        self.batches_per_epoch, self.too_long = main.batches_per_epoch, main.too_long
+
+    def __len__(self) -> int:
+        return self.steps + len(self.main)
+
+    def __getitem__(self, step: int) -> PlannedBatch:
+        if step < self.steps:
+            return self.short[step]._replace(epoch=-1)
+        return self.main[step - self.steps]
+
+    def epoch_of(self, step: int) -> tuple[int, int]:
+        """(epoch, position); the short phase is epoch -1."""
+        return (-1, step) if step < self.steps else self.main.epoch_of(step - self.steps)
+
+    def padding_fraction(self, epoch: int = 0) -> float:
+        return self.main.padding_fraction(epoch)
+
+    def describe(self) -> str:
+        """The phase in words, for the loader's description."""
+        plan = self.short
+        fits = plan.samples <= plan.bucket_samples[-1]
+        records = sum(int(np.sum(fits[plan.owners[q]])) for q in plan.shards)
+        return (
+            f"steps 0-{self.steps - 1}: only the {records} utterances <= "
+            f"{plan.spec.boundaries[-1]:g}s, unaugmented ({plan.batches_per_epoch} batches "
+            "a pass); then every utterance"
+        )

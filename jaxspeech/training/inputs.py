@@ -82,7 +82,13 @@ def train_pipeline(
     spec = build.train_bucket_spec(config, mesh)
     augmenter = waveform_augmenter(config)
     labeled = _split_pipeline(
-        config, config.data.dir, config.data.train_split, spec, augmenter, tokenizer_dir
+        config,
+        config.data.dir,
+        config.data.train_split,
+        spec,
+        augmenter,
+        tokenizer_dir,
+        short_first=True,
     )
     if not defaults.lookup(config, "distill.other_split"):  # off (or a run from before it)
         return labeled, augmenter
@@ -133,9 +139,12 @@ def _check_same_tokenizer(data_dir: str, tokenizer_dir: str) -> None:
         )
 
 
-def _split_pipeline(config, data_dir, split, spec, augmenter, tokenizer_dir, *, speed=True):
+def _split_pipeline(
+    config, data_dir, split, spec, augmenter, tokenizer_dir, *, speed=True, short_first=False
+):
     """One split's training pipeline (shuffled, epoch-repeated) for this process;
-    speed=False: no speed perturbation (the other waveform augmentations stay)."""
+    speed=False: no speed perturbation (the other waveform augmentations stay);
+    short_first: with config.data's short-first phase (the labeled split's curriculum)."""
     try:
         return pipeline_lib.make_pipeline(
             data_dir=data_dir,
@@ -153,6 +162,10 @@ def _split_pipeline(config, data_dir, split, spec, augmenter, tokenizer_dir, *, 
             augment=augmenter,
             # A run from before the key: augmentation from the start, as it was then.
             augment_from_epoch=int(defaults.lookup(config, "waveform_aug.start_epoch")),
+            short_first_steps=int(defaults.lookup(config, "data.short_first_steps"))
+            if short_first
+            else 0,
+            short_first_seconds=float(defaults.lookup(config, "data.short_first_seconds")),
             with_text=bool(config.monitor.log_batch_ids),
             retry=build.retry_policy(config),
         )

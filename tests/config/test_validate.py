@@ -51,6 +51,11 @@ MISTAKES = [
         "one utterance of each bucket), got a boundary of 30",
     ),
     ([("data.eval_bucket_boundaries", (float("nan"),))], "data.eval_bucket_boundaries must hold"),
+    (
+        [("data.short_first_steps", 300), ("data.short_first_seconds", 2.5)],
+        "data.short_first_seconds must be one of data.bucket_boundaries=(3.0, 8.0) when "
+        "data.short_first_steps > 0 (the short phase reads whole buckets), got 2.5",
+    ),
     ([("seed", -1)], "seed must be in [0, 9223372036854775805], got -1"),
     ([("features.fmax", 9000.0)], "features.fmax must be above features.fmin=0 and at most"),
     ([("features.win_length", 600)], "features.win_length must be <= features.n_fft=512, got 600"),

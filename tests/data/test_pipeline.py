@@ -239,6 +239,59 @@ def test_augmentation_starts_at_its_epoch(corpus):
             assert same == (plan[step].epoch < 2), (step, uid)
 
 
+def test_short_first_phase_then_the_plan_as_without_it(corpus):
+    """The curriculum: the first steps read only the utterances up to the phase's bucket
+    boundary, each once a pass, as stored (epoch -1: neither speed nor augmenter, whatever
+    augment_from_epoch), with the same batch shape on both processes; then the plain plan
+    from its step 0, batch for batch. Steps are stateless, so a resume anywhere agrees."""
+    root, by_id = corpus
+    index = records.read_split_index(root, "train")
+    cfg = augment.WaveformAugmentConfig(speeds=(0.9, 1.0, 1.1), noise_prob=1.0)
+    kw = dict(speeds=cfg.speeds, augment=augment.WaveformAugmenter(cfg, SR), with_text=True)
+    plain = [_pipe(root, p, 2, **kw) for p in range(2)]
+    phase = dict(short_first_steps=15, short_first_seconds=3.5)
+    pipes = [_pipe(root, p, 2, **kw, **phase) for p in range(2)]
+    plans = [p.plan for p in pipes]
+    assert isinstance(plans[0], pl.ShortFirstPlan) and len(plans[0]) == 15 + len(plain[0].plan)
+    assert "steps 0-14: only the" in pipes[0].describe()
+    per_pass = plans[0].short.batches_per_epoch
+    assert per_pass < 15  # the phase wraps into a second pass
+    seen = []
+    for step in range(15):
+        planned = [p[step] for p in plans]
+        assert planned[0].bucket == planned[1].bucket <= 1  # buckets <= 3.5 s only
+        for p, b in enumerate(planned):
+            assert b.epoch == -1 and plans[p].epoch_of(step) == (-1, step)
+            assert np.all(b.speeds == 1.0)
+            real = b.indices[b.indices != pl.PAD_INDEX]
+            assert np.all(index.durations[real] <= 3.5)
+            if step < per_pass:
+                seen += real.tolist()
+        batch = pipes[0].load(planned[0])
+        for row, uid in enumerate(batch["id"]):
+            if uid:
+                stored = by_id[uid][0].astype(np.float32) / 32768.0
+                np.testing.assert_array_equal(batch["audio"][row, : len(stored)], stored)
+                assert batch["audio_len"][row] == len(stored)
+    assert sorted(seen) == np.flatnonzero(index.durations <= 3.5).tolist()
+    for step in range(2 * plain[0].plan.batches_per_epoch):
+        for p in range(2):
+            want, got = plain[p].plan[step], plans[p][15 + step]
+            assert (got.bucket, got.epoch) == (want.bucket, want.epoch)
+            np.testing.assert_array_equal(got.indices, want.indices)
+            np.testing.assert_array_equal(got.speeds, want.speeds)
+        assert plans[0].epoch_of(15 + step) == plain[0].plan.epoch_of(step)
+    # Its order is its own, not the plain plan's first batches of those buckets again.
+    again = pl.BatchPlan(index.durations, spec(2).prefix(2), seed=1, shuffle=True)
+    assert [tuple(plans[0].short[s].indices) for s in range(per_pass)] != [
+        tuple(again[s].indices) for s in range(per_pass)
+    ]
+    with pytest.raises(ValueError, match="must be one of the bucket boundaries"):
+        _pipe(root, short_first_steps=15, short_first_seconds=3.0)
+    with pytest.raises(ValueError, match="first of the main plan's"):
+        pl.ShortFirstPlan(again, pl.BatchPlan(index.durations, spec(), seed=1, shuffle=True), 3)
+
+
 @pytest.mark.parametrize("speeds", [(1.0,), (0.9, 1.0, 1.1)])
 def test_two_processes_read_disjoint_shards_covering_everything(corpus, speeds):
     root, by_id = corpus
