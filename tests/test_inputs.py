@@ -57,11 +57,11 @@ def test_the_loader_gets_the_first_augmented_epoch(monkeypatch):
     """config.waveform_aug.start_epoch reaches the pipeline (plan and loader)."""
     seen = {}
     monkeypatch.setattr(inputs.pipeline_lib, "make_pipeline", lambda **kw: seen.update(kw))
-    config = demo.get_config()
+    config = demo.get_config("ctc")
     aug = inputs.waveform_augmenter(config)
     inputs._split_pipeline(config, "data", "train", None, aug, "tok")
-    # configs/demo.py's default augments from epoch 1 (the library's default: 0)
-    assert seen["augment_from_epoch"] == 1 and seen["speeds"] == (0.9, 1.0, 1.1)
+    # configs/demo.py's ctc variant augments from epoch 3 (the library's default: 0)
+    assert seen["augment_from_epoch"] == 3 and seen["speeds"] == (0.9, 1.0, 1.1)
     assert seen["augment"] is aug
 
 
@@ -70,9 +70,9 @@ def test_the_short_first_phase_reaches_the_labeled_split_only(monkeypatch):
     distillation's other stream (short_first=False) reads every utterance from step 0."""
     seen = {}
     monkeypatch.setattr(inputs.pipeline_lib, "make_pipeline", lambda **kw: seen.update(kw))
-    config = demo.get_config()
-    config.data.short_first_steps, config.data.short_first_seconds = 300, 2.25
+    config = demo.get_config()  # the demo's default: 300 steps of utterances <= 2.25 s
     inputs._split_pipeline(config, "data", "train", None, None, "tok", short_first=True)
     assert (seen["short_first_steps"], seen["short_first_seconds"]) == (300, 2.25)
+    assert seen["augment_from_epoch"] == 1  # the phase's 2nd pass (its passes count first)
     inputs._split_pipeline(config, "data", "other", None, None, "tok")
     assert seen["short_first_steps"] == 0

@@ -26,33 +26,16 @@ def buckets(c: ConfigDict, report: Report) -> None:
     """Both bucket lists: finite, positive and ascending (the loader's own check), and no
     boundary longer than data.batch_seconds: a batch holds at least one utterance of each
     bucket, so a longer one would make every batch of that bucket exceed the budget the
-    memory was planned for."""
+    memory was planned for. Then the short-first phase's limit, one of the buckets."""
     budget_ok = ranges.valid(c, "data.batch_seconds")
-    for key in ("bucket_boundaries", "eval_bucket_boundaries"):
-        bounds = c.data[key]
-        if key == "eval_bucket_boundaries" and not bounds:
-            continue  # () = the training buckets
-        if not isinstance(bounds, tuple | list) or not all(
-            ranges.allows("finite", b) for b in bounds
-        ):
-            report(f"data.{key} must hold finite numbers of seconds, got {show(bounds)}")
-            continue
-        try:
-            pipeline_lib.make_bucket_spec(bounds, 1.0, 1.0, 1)
-        except ValueError as e:
-            report(f"data.{key}: {e}")
-            continue
-        if budget_ok and max(bounds) > c.data.batch_seconds:
-            report(
-                f"data.{key} must not exceed data.batch_seconds={show(c.data.batch_seconds)} "
-                f"(a batch holds at least one utterance of each bucket), got a boundary of "
-                f"{show(max(bounds))}"
-            )
+    train_ok = _bucket_list_ok(c, "bucket_boundaries", budget_ok, report)
+    if c.data.eval_bucket_boundaries:  # () = the training buckets
+        _bucket_list_ok(c, "eval_bucket_boundaries", budget_ok, report)
     d = c.data
     if (
-        ranges.valid(c, "data.short_first_steps", "data.short_first_seconds")
+        train_ok  # (else reported above)
+        and ranges.valid(c, "data.short_first_steps", "data.short_first_seconds")
         and d.short_first_steps > 0
-        and isinstance(d.bucket_boundaries, tuple | list)
         and d.short_first_seconds not in tuple(d.bucket_boundaries)
     ):
         report(
@@ -60,6 +43,27 @@ def buckets(c: ConfigDict, report: Report) -> None:
             f"{show(d.bucket_boundaries)} when data.short_first_steps > 0 (the short phase "
             f"reads whole buckets), got {show(d.short_first_seconds)}"
         )
+
+
+def _bucket_list_ok(c: ConfigDict, key: str, budget_ok: bool, report: Report) -> bool:
+    """data.`key`'s checks (`buckets`); False when one failed (reported)."""
+    bounds = c.data[key]
+    if not isinstance(bounds, tuple | list) or not all(ranges.allows("finite", b) for b in bounds):
+        report(f"data.{key} must hold finite numbers of seconds, got {show(bounds)}")
+        return False
+    try:
+        pipeline_lib.make_bucket_spec(bounds, 1.0, 1.0, 1)
+    except ValueError as e:
+        report(f"data.{key}: {e}")
+        return False
+    if budget_ok and max(bounds) > c.data.batch_seconds:
+        report(
+            f"data.{key} must not exceed data.batch_seconds={show(c.data.batch_seconds)} "
+            f"(a batch holds at least one utterance of each bucket), got a boundary of "
+            f"{show(max(bounds))}"
+        )
+        return False
+    return True
 
 
 def features(c: ConfigDict, report: Report) -> None:

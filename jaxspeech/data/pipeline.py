@@ -33,7 +33,6 @@ from jaxspeech.data.plan import (  # noqa: F401 - re-exported: the pipeline's pu
     ShortFirstPlan,
     make_bucket_spec,
     owned_records,
-    short_first_seed,
 )
 from jaxspeech.data.tokenizer import Tokenizer, normalize_text
 
@@ -308,8 +307,8 @@ def plan_split(
     reads, checked: (plan, paths, record counts, the global indices those files hold or
     None when every file is read). Shared by every loader (ASR's and text-to-speech's).
     short_first_steps > 0 (training): for that many steps only the utterances of the
-    buckets up to `short_first_seconds` (one of spec's boundaries), unaugmented
-    (`ShortFirstPlan`).
+    buckets up to `short_first_seconds` (one of spec's boundaries), and epochs, which
+    `augment_from_epoch` counts, count that phase's passes first (`ShortFirstPlan`).
 
     Raises:
       ValueError: settings that do not fit the split.
@@ -321,35 +320,38 @@ def plan_split(
     owners = [owned_records(index.shard_num_records, q, num_shards) for q in range(num_shards)]
     per = num_shards // process_count
     mine = range(process_index * per, (process_index + 1) * per)
+    kw = dict(seed=seed, owners=owners, shards=mine, speeds=speeds if train else (1.0,))
+    short, passes = None, 0
+    if train and short_first_steps > 0:
+        short = _short_plan(index.durations, spec, short_first_seconds, augment_from_epoch, kw)
+        passes = ShortFirstPlan.num_passes(short, short_first_steps)
     plan = BatchPlan(
         index.durations,
         spec,
-        seed=seed,
         shuffle=train,
-        owners=owners,
-        shards=mine,
         num_epochs=None if train else 1,
-        speeds=speeds if train else (1.0,),
-        augment_from_epoch=augment_from_epoch,
+        augment_from_epoch=max(0, augment_from_epoch - passes),  # epochs after the phase's
+        **kw,
     )
-    if train and short_first_steps > 0:
-        if short_first_seconds not in spec.boundaries:
-            raise ValueError(
-                f"the short-first phase's limit {short_first_seconds:g}s must be one of the "
-                f"bucket boundaries {spec.boundaries}"
-            )
-        short = BatchPlan(
-            index.durations,
-            spec.prefix(spec.boundaries.index(short_first_seconds) + 1),
-            seed=short_first_seed(seed),
-            shuffle=True,
-            owners=owners,
-            shards=mine,
-        )
+    if short is not None:
         plan = ShortFirstPlan(short, plan, short_first_steps)
     paths, counts, by_file = _checked_files(index, mine, num_shards)
     in_paths = np.sort(np.concatenate([owners[q] for q in mine])) if by_file else None
     return plan, paths, counts, in_paths
+
+
+def _short_plan(
+    durations: np.ndarray, spec: BucketSpec, seconds: float, augment_from_epoch: int, kw: dict
+) -> BatchPlan:
+    """The short-first phase's plan: spec's buckets up to `seconds`, with the run's own
+    seed (its first pass is the plan of a corpus of only those utterances)."""
+    if seconds not in spec.boundaries:
+        raise ValueError(
+            f"the short-first phase's limit {seconds:g}s must be one of the bucket "
+            f"boundaries {spec.boundaries}"
+        )
+    prefix = spec.prefix(spec.boundaries.index(seconds) + 1)
+    return BatchPlan(durations, prefix, shuffle=True, augment_from_epoch=augment_from_epoch, **kw)
 
 
 def make_pipeline(
@@ -378,8 +380,8 @@ def make_pipeline(
     train=True: shuffled, epoch-repeated, with speed perturbation over ``speeds`` and the
     ``augment`` function applied to every waveform from epoch ``augment_from_epoch`` on
     (earlier epochs: neither); short_first_steps > 0: first that many steps of only the
-    utterances up to the bucket boundary short_first_seconds, unaugmented, and the epochs
-    count from there (`ShortFirstPlan`). train=False: one pass in corpus order,
+    utterances up to the bucket boundary short_first_seconds, whose passes count as the
+    first epochs (`ShortFirstPlan`). train=False: one pass in corpus order,
     no augmentation. The corpus is split into ``loader_shards`` (0: one per process; else
     a multiple of ``process_count``) by `owned_records`; each process serves a contiguous
     run of them and reads only their records. Batches carry "text" and "id" lists when

@@ -291,22 +291,17 @@ class BatchPlan:
         return sum(int(np.sum(b.indices == PAD_INDEX)) for b in batches) / max(rows, 1)
 
 
-def short_first_seed(seed: int) -> int:
-    """The seed of a `ShortFirstPlan`'s short-utterance phase: derived from the run's seed
-    but independent of it, so that phase's batches are not the main plan's first ones
-    (the same bucket members under the same permutation) seen twice."""
-    return int(np.random.SeedSequence([seed, 0x5F]).generate_state(1)[0])
-
-
 class ShortFirstPlan:
     """A curriculum: `short` for steps [0, steps), then `main` from its step 0.
 
     `short` plans the same corpus with only the shortest of `main`'s buckets (its spec is a
-    prefix of main's: the same batch shapes, nothing new to compile), unperturbed. Its
-    batches carry epoch -1, which no ``augment_from_epoch`` reaches: short clean speech
-    first, like SortaGrad's sorted first epoch (Deep Speech 2). `main`'s epochs, and so the
-    epoch its augmentation starts at, count from the end of the phase. Indexed by step like
-    `BatchPlan`, so Grain's iterator state resumes it exactly.
+    prefix of main's: the same batch shapes, nothing new to compile): short utterances
+    first, like SortaGrad's sorted first epoch (Deep Speech 2). Epochs count passes over
+    what is read: the short phase's passes are epochs 0 .. passes - 1 (the last one cut
+    short), main's epoch e is epoch passes + e. So an augmentation that starts at epoch A
+    starts in whichever phase reaches it: `short` is planned with augment_from_epoch A and
+    `main` with max(0, A - passes) (`plan_split`). Indexed by step like `BatchPlan`, so
+    Grain's iterator state resumes it exactly.
     """
 
     def __init__(self, short: BatchPlan, main: BatchPlan, steps: int):
@@ -315,22 +310,33 @@ class ShortFirstPlan:
         if steps <= 0:
             raise ValueError(f"a short-first phase needs steps > 0, got {steps}")
         self.short, self.main, self.steps = short, main, int(steps)
+        self.passes = self.num_passes(short, steps)
         self.spec, self.owners, self.shards = main.spec, main.owners, main.shards
         self.batches_per_epoch, self.too_long = main.batches_per_epoch, main.too_long
+
+    @staticmethod
+    def num_passes(short: BatchPlan, steps: int) -> int:
+        """The epochs of `short` that its first `steps` steps reach."""
+        return short.epoch_of(steps - 1)[0] + 1
 
     def __len__(self) -> int:
         return self.steps + len(self.main)
 
     def __getitem__(self, step: int) -> PlannedBatch:
         if step < self.steps:
-            return self.short[step]._replace(epoch=-1)
-        return self.main[step - self.steps]
+            return self.short[step]
+        planned = self.main[step - self.steps]
+        return planned._replace(epoch=planned.epoch + self.passes)
 
     def epoch_of(self, step: int) -> tuple[int, int]:
-        """(epoch, position); the short phase is epoch -1."""
-        return (-1, step) if step < self.steps else self.main.epoch_of(step - self.steps)
+        """(epoch, position within it), epochs counted over both phases."""
+        if step < self.steps:
+            return self.short.epoch_of(step)
+        epoch, position = self.main.epoch_of(step - self.steps)
+        return epoch + self.passes, position
 
     def padding_fraction(self, epoch: int = 0) -> float:
+        """The main plan's, in its own epoch `epoch`."""
         return self.main.padding_fraction(epoch)
 
     def describe(self) -> str:
@@ -340,6 +346,6 @@ class ShortFirstPlan:
         records = sum(int(np.sum(fits[plan.owners[q]])) for q in plan.shards)
         return (
             f"steps 0-{self.steps - 1}: only the {records} utterances <= "
-            f"{plan.spec.boundaries[-1]:g}s, unaugmented ({plan.batches_per_epoch} batches "
-            "a pass); then every utterance"
+            f"{plan.spec.boundaries[-1]:g}s ({plan.batches_per_epoch} batches a pass; epochs "
+            f"0-{self.passes - 1}), then every utterance (epoch {self.passes} on)"
         )

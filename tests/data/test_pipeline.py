@@ -241,28 +241,31 @@ def test_augmentation_starts_at_its_epoch(corpus):
 
 def test_short_first_phase_then_the_plan_as_without_it(corpus):
     """The curriculum: the first steps read only the utterances up to the phase's bucket
-    boundary, each once a pass, as stored (epoch -1: neither speed nor augmenter, whatever
-    augment_from_epoch), with the same batch shape on both processes; then the plain plan
-    from its step 0, batch for batch. Steps are stateless, so a resume anywhere agrees."""
+    boundary, each once a pass, with the same batch shape on both processes; its passes
+    are the first epochs, so augmentation from epoch 1 starts in its second pass (the
+    first is the records as stored). Then the plain plan from its step 0, batch for
+    batch, its epochs counted after the phase's. Steps are stateless: a resume anywhere
+    agrees."""
     root, by_id = corpus
     index = records.read_split_index(root, "train")
     cfg = augment.WaveformAugmentConfig(speeds=(0.9, 1.0, 1.1), noise_prob=1.0)
     kw = dict(speeds=cfg.speeds, augment=augment.WaveformAugmenter(cfg, SR), with_text=True)
-    plain = [_pipe(root, p, 2, **kw) for p in range(2)]
-    phase = dict(short_first_steps=15, short_first_seconds=3.5)
+    plain = [_pipe(root, p, 2, **kw) for p in range(2)]  # augmented from epoch 0
+    phase = dict(short_first_steps=15, short_first_seconds=3.5, augment_from_epoch=1)
     pipes = [_pipe(root, p, 2, **kw, **phase) for p in range(2)]
     plans = [p.plan for p in pipes]
-    assert isinstance(plans[0], pl.ShortFirstPlan) and len(plans[0]) == 15 + len(plain[0].plan)
+    assert isinstance(plans[0], pl.ShortFirstPlan) and plans[0].passes == 2
+    assert len(plans[0]) == 15 + len(plain[0].plan)
     assert "steps 0-14: only the" in pipes[0].describe()
-    per_pass = plans[0].short.batches_per_epoch
-    assert per_pass < 15  # the phase wraps into a second pass
+    per_pass = plans[0].short.batches_per_epoch  # (the first pass: unperturbed)
+    assert per_pass < 15
     seen = []
     for step in range(15):
         planned = [p[step] for p in plans]
         assert planned[0].bucket == planned[1].bucket <= 1  # buckets <= 3.5 s only
         for p, b in enumerate(planned):
-            assert b.epoch == -1 and plans[p].epoch_of(step) == (-1, step)
-            assert np.all(b.speeds == 1.0)
+            assert b.epoch == int(step >= per_pass) == plans[p].epoch_of(step)[0]
+            assert np.all(b.speeds == 1.0) or b.epoch == 1
             real = b.indices[b.indices != pl.PAD_INDEX]
             assert np.all(index.durations[real] <= 3.5)
             if step < per_pass:
@@ -271,25 +274,28 @@ def test_short_first_phase_then_the_plan_as_without_it(corpus):
         for row, uid in enumerate(batch["id"]):
             if uid:
                 stored = by_id[uid][0].astype(np.float32) / 32768.0
-                np.testing.assert_array_equal(batch["audio"][row, : len(stored)], stored)
-                assert batch["audio_len"][row] == len(stored)
+                got = batch["audio"][row, : batch["audio_len"][row]]
+                same = len(got) == len(stored) and np.array_equal(got, stored)
+                assert same == (step < per_pass), (step, uid)  # noise on every row from epoch 1
     assert sorted(seen) == np.flatnonzero(index.durations <= 3.5).tolist()
+    assert any(np.any(plans[0][s].speeds != 1.0) for s in range(per_pass, 15))
     for step in range(2 * plain[0].plan.batches_per_epoch):
         for p in range(2):
             want, got = plain[p].plan[step], plans[p][15 + step]
-            assert (got.bucket, got.epoch) == (want.bucket, want.epoch)
+            assert (got.bucket, got.epoch) == (want.bucket, want.epoch + 2)
             np.testing.assert_array_equal(got.indices, want.indices)
             np.testing.assert_array_equal(got.speeds, want.speeds)
-        assert plans[0].epoch_of(15 + step) == plain[0].plan.epoch_of(step)
-    # Its order is its own, not the plain plan's first batches of those buckets again.
-    again = pl.BatchPlan(index.durations, spec(2).prefix(2), seed=1, shuffle=True)
-    assert [tuple(plans[0].short[s].indices) for s in range(per_pass)] != [
-        tuple(again[s].indices) for s in range(per_pass)
-    ]
+        epoch, position = plain[0].plan.epoch_of(step)
+        assert plans[0].epoch_of(15 + step) == (epoch + 2, position)
+    # A loader resumed inside the phase and one resumed after it read what the plan says.
+    for start in (13, 16):
+        resumed = next(iter(pipes[0].dataset(start)))
+        np.testing.assert_array_equal(resumed["audio"], pipes[0].load(plans[0][start])["audio"])
     with pytest.raises(ValueError, match="must be one of the bucket boundaries"):
         _pipe(root, short_first_steps=15, short_first_seconds=3.0)
+    short = pl.BatchPlan(index.durations, spec(2).prefix(2), seed=1, shuffle=True)
     with pytest.raises(ValueError, match="first of the main plan's"):
-        pl.ShortFirstPlan(again, pl.BatchPlan(index.durations, spec(), seed=1, shuffle=True), 3)
+        pl.ShortFirstPlan(short, pl.BatchPlan(index.durations, spec(), seed=1, shuffle=True), 3)
 
 
 @pytest.mark.parametrize("speeds", [(1.0,), (0.9, 1.0, 1.1)])
