@@ -6,9 +6,10 @@ PY := $(VENV)/bin/python
 UV := $(VENV)/bin/uv
 DEMO_DATA := data/demo
 DEMO_RUN := runs/demo
-# Hours of synthetic speech: 9 since 2026-11-27 (configs/demo.py starts the augmentation
-# at its 2nd epoch). DEMO_HOURS=3 (the default before; ~2 min faster) needs
-# DEMO_CONFIG="configs/demo.py --config.waveform_aug.start_epoch=3" (docs/results.md, 1a).
+# Hours of synthetic speech: 9 since 2026-11-27 (configs/demo.py's short-utterance phase
+# and augmentation start were measured on them). DEMO_HOURS=3 (the default before; ~2 min
+# faster) was measured with DEMO_CONFIG="configs/demo.py --config.data.short_first_steps=0
+# --config.waveform_aug.start_epoch=3" (docs/results.md, 1a).
 DEMO_HOURS ?= 9.0
 DEMO_CONFIG ?= configs/demo.py
 DEMO_TOKENIZER ?= char

@@ -10,20 +10,21 @@ Measured figures of every variant, with commit, date and device, and the recipe'
 (what each of its choices was worth): docs/results.md.
 
 Variants (`--config configs/demo.py:NAME`):
-  (default) the transducer (stateless predictor, pruned RNN-T loss), 1,800 steps, speed
-            perturbation and noise from the 2nd epoch, decoded by RNN-T beam search
-            (beam 4, up to 3 labels a frame), on `make demo`'s 9-hour corpus (half of the
-            training sentences natural). Measured 2026-11-27 (c2e7908) on 2 CPU cores (19.3
-            min of training): test CER 11.5% / WER 37.9% (3 held-out voices, unseen
-            sentences), dev 11.9% / 39.9% (2 other held-out voices), natural-text unseen
-            voices 15.8% clean, 18.7% noisy; with the trigram LM (beam 8) test 9.2% /
-            27.8%, natural 15.0% / 17.9% (another order of the same sentences: 16.4% /
-            19.0%). One seed, and a lucky one: four other seeds (one H200) gave test
-            14.6-15.7% and natural clean 18.7-20.3%, or never left the blank plateau
-            (docs/results.md, 1a). On 3 hours from the 4th epoch (090d9c7): test 11.9%,
-            natural 16.6% / 19.9%; on 3 hours of the grammar only (DEMO_NATURAL_SHARE=0,
-            17.6 min): test 9.2% / 31.2%, natural 22.2% / 25.1%. The variants below were
-            measured on 3 hours of the grammar only.
+  (default) the transducer (stateless predictor, pruned RNN-T loss), 1,800 steps, the
+            first 300 on the utterances of <= 2.25 s only, speed perturbation and noise
+            from step 86, decoded by RNN-T beam search (beam 4, up to 3 labels a frame), on
+            `make demo`'s 9-hour corpus (half of the training sentences natural). Measured
+            2026-11-27 (c9f027d, `make demo` from nothing in 21.8 min, 19.0 of them
+            training) on 2 CPU cores: test CER 11.6% / WER 38.4% (3 held-out voices,
+            unseen sentences), dev 11.6% / 38.7% (2 other held-out voices), natural-text
+            unseen voices 14.9% clean, 17.5% noisy; with the trigram LM (beam 8) test 9.6%
+            / 28.3%, natural 15.2% / 17.9%. Seeds 1 and 2: test 11.2% / 12.3%,
+            natural clean 16.2% / 17.2%, noisy 18.7% / 20.8%
+            (docs/results.md, 1a). Before the short-utterance phase the same recipe gave
+            test 11.5% for seed 0 but 14.6-15.7% or no learning at all for four others. On
+            3 hours of the grammar only (DEMO_NATURAL_SHARE=0, no short phase, 17.6 min):
+            test 9.2% / 31.2%, natural 22.2% / 25.1%. The variants below were measured on
+            3 hours of the grammar only, without the short phase.
   ctc       the same augmentation with the CTC head and 1,350 steps (the default until
             2026-11-27; 18.8 min): test CER 14.9% / WER 52.6%, dev 14.7% / 49.8%, natural
             26.9% clean, 29.9% noisy. Without the augmentation (ec33db7): test 14.5% /
