@@ -76,3 +76,15 @@ def test_the_short_first_phase_reaches_the_labeled_split_only(monkeypatch):
     assert seen["augment_from_epoch"] == 1  # the phase's 2nd pass (its passes count first)
     inputs._split_pipeline(config, "data", "other", None, None, "tok")
     assert seen["short_first_steps"] == 0
+
+
+def test_settings_that_do_not_fit_the_split_are_one_user_error(monkeypatch):
+    """The loader's ValueErrors (a short-first limit no utterance fits, another sample
+    rate) reach the user as one line naming the split."""
+
+    def refuse(**kw):
+        raise ValueError("no utterance of the split is <= 0.25s")
+
+    monkeypatch.setattr(inputs.pipeline_lib, "make_pipeline", refuse)
+    with pytest.raises(UserError, match=r"^data/train: no utterance of the split is <= 0.25s"):
+        inputs._split_pipeline(demo.get_config(), "data", "train", None, None, "tok")

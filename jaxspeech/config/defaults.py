@@ -76,8 +76,8 @@ def _data(c: ConfigDict) -> None:
     # < 20/s; rows over the limit are counted (label_overflow), never truncated.
     c.data.max_tokens_per_second = 30.0
     # A curriculum: the first short_first_steps steps read only the utterances of the
-    # buckets up to short_first_seconds (one of bucket_boundaries), unaugmented; then all
-    # of them, and waveform_aug.start_epoch counts epochs from there. 0 = off.
+    # buckets up to short_first_seconds (one of bucket_boundaries), then all of them.
+    # Epochs (waveform_aug.start_epoch counts them) count the short passes first. 0 = off.
     c.data.short_first_steps = 0
     c.data.short_first_seconds = 0.0  # the phase's longest utterance (a bucket boundary)
     # Loader shards: the corpus is dealt to this many readers, each host serving an equal

@@ -350,6 +350,11 @@ def _short_plan(
             f"the short-first phase's limit {seconds:g}s must be one of the bucket "
             f"boundaries {spec.boundaries}"
         )
+    if not np.any(durations <= seconds):
+        raise ValueError(
+            f"no utterance of the split is <= {seconds:g}s: the short-first phase would read "
+            "nothing (raise data.short_first_seconds, or data.short_first_steps=0 for none)"
+        )
     prefix = spec.prefix(spec.boundaries.index(seconds) + 1)
     return BatchPlan(durations, prefix, shuffle=True, augment_from_epoch=augment_from_epoch, **kw)
 

@@ -171,3 +171,5 @@ def _split_pipeline(
         )
     except (FileNotFoundError, reader_lib.ShardError) as e:
         raise UserError(str(e)) from e
+    except ValueError as e:  # settings that do not fit the split (its rate, its durations)
+        raise UserError(f"{data_dir}/{split}: {e}") from e

@@ -293,6 +293,9 @@ def test_short_first_phase_then_the_plan_as_without_it(corpus):
         np.testing.assert_array_equal(resumed["audio"], pipes[0].load(plans[0][start])["audio"])
     with pytest.raises(ValueError, match="must be one of the bucket boundaries"):
         _pipe(root, short_first_steps=15, short_first_seconds=3.0)
+    tiny = pl.make_bucket_spec([0.25, 6.0], 12.0, 30.0, SR)  # no utterance is that short
+    with pytest.raises(ValueError, match="no utterance of the split is <= 0.25s"):
+        _pipe(root, spec=tiny, short_first_steps=15, short_first_seconds=0.25)
     short = pl.BatchPlan(index.durations, spec(2).prefix(2), seed=1, shuffle=True)
     with pytest.raises(ValueError, match="first of the main plan's"):
         pl.ShortFirstPlan(short, pl.BatchPlan(index.durations, spec(), seed=1, shuffle=True), 3)
