@@ -311,8 +311,12 @@ class ShortFirstPlan:
             raise ValueError(f"a short-first phase needs steps > 0, got {steps}")
         self.short, self.main, self.steps = short, main, int(steps)
         self.passes = self.num_passes(short, steps)
-        self.spec, self.owners, self.shards = main.spec, main.owners, main.shards
-        self.batches_per_epoch, self.too_long = main.batches_per_epoch, main.too_long
+
+    def __getattr__(self, name: str):
+        # The rest is the main plan's: its spec, owners, shards, batches_per_epoch, too_long.
+        if name in ("spec", "owners", "shards", "batches_per_epoch", "too_long"):
+            return getattr(self.main, name)
+        raise AttributeError(name)
 
     @staticmethod
     def num_passes(short: BatchPlan, steps: int) -> int:
@@ -344,8 +348,10 @@ class ShortFirstPlan:
         plan = self.short
         fits = plan.samples <= plan.bucket_samples[-1]
         records = sum(int(np.sum(fits[plan.owners[q]])) for q in plan.shards)
+        # Batches, not steps: under a distillation schedule (mixing.MixedPlan) the phase
+        # is the labeled stream's first batches.
         return (
-            f"steps 0-{self.steps - 1}: only the {records} utterances <= "
+            f"the first {self.steps} batches: only the {records} utterances <= "
             f"{plan.spec.boundaries[-1]:g}s ({plan.batches_per_epoch} batches a pass; epochs "
             f"0-{self.passes - 1}), then every utterance (epoch {self.passes} on)"
         )

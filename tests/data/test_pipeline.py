@@ -1,6 +1,7 @@
 """Batch plan, loading and Grain iterator state of jaxspeech.data.pipeline."""
 
 import os
+import pickle
 
 import numpy as np
 import pytest
@@ -256,7 +257,12 @@ def test_short_first_phase_then_the_plan_as_without_it(corpus):
     plans = [p.plan for p in pipes]
     assert isinstance(plans[0], pl.ShortFirstPlan) and plans[0].passes == 2
     assert len(plans[0]) == 15 + len(plain[0].plan)
-    assert "steps 0-14: only the" in pipes[0].describe()
+    assert "the first 15 batches: only the" in pipes[0].describe()
+    assert plans[0].spec == plain[0].plan.spec and plans[0].spec is plans[0].main.spec
+    assert len(plans[0].too_long) == 2  # the two 9 s utterances, skipped as without it
+    np.testing.assert_array_equal(plans[0].too_long, plain[0].plan.too_long)
+    copy = pickle.loads(pickle.dumps(plans[0]))  # as Grain's worker processes get it
+    assert copy.spec == plans[0].spec and np.array_equal(copy[20].indices, plans[0][20].indices)
     per_pass = plans[0].short.batches_per_epoch  # (the first pass: unperturbed)
     assert per_pass < 15
     seen = []
