@@ -37,7 +37,8 @@ DEMO_VOCODER_CONFIG ?= configs/vocoder.py
 comma := ,
 space := $(subst ,, )
 
-.PHONY: demo demo-tts test install install-dev install-onnx install-cuda lint format clean-demo
+.PHONY: demo demo-tts test install install-dev install-onnx install-cuda install-gpuplan gpu-plan \
+    gpu-check-wheels install-peer lint format clean-demo
 
 $(VENV)/bin/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -78,6 +79,62 @@ install-onnx: $(ONNX_VENV)/.installed
 install-cuda: $(VENV)/.installed
 	$(UV) pip install --python $(PY) --quiet -e '.[cuda]'
 	$(PY) -m jaxspeech.devices
+
+# The GPU plan's environment (benchmarks/gpu_plan.py: the train step compiled for an H100
+# on this CPU machine, no GPU needed): jax's CUDA 12 plugin and PJRT at the main install's
+# exact jax version (~180 MB; its `with-cuda` extra, the nvidia-* libraries, is not needed
+# to compile), beside the project and its dependencies pinned to the main install's
+# versions, so that the plan compiles the computation the main install runs.
+GPUPLAN_VENV := .venv-gpuplan
+$(GPUPLAN_VENV)/.installed: pyproject.toml $(VENV)/.installed
+	$(PYTHON) -m venv --without-pip $(GPUPLAN_VENV)
+	$(UV) pip freeze --python $(PY) | grep -v '^-e ' > $(GPUPLAN_VENV)/constraints.txt
+	jax_version=$$($(PY) -c 'import jax; print(jax.__version__)') && \
+	$(UV) pip install --python $(GPUPLAN_VENV)/bin/python --quiet -c $(GPUPLAN_VENV)/constraints.txt \
+	  -e . "jax-cuda12-plugin==$$jax_version" "jax-cuda12-pjrt==$$jax_version"
+	touch $@
+
+install-gpuplan: $(GPUPLAN_VENV)/.installed
+
+# Conformer S, M, L compiled for an H100 on this machine: launches, loops, custom calls,
+# temporaries (benchmarks/results/gpu_plan.json; six compiles of 1.5-5 min each on 2
+# cores). GPU_PLAN_ARGS adds options, e.g.
+# GPU_PLAN_ARGS="--models L --variant none:model.conformer.remat=none --tree main:HEAD".
+GPU_PLAN_ARGS ?=
+gpu-plan: $(GPUPLAN_VENV)/.installed
+	$(GPUPLAN_VENV)/bin/python benchmarks/gpu_plan.py $(GPU_PLAN_ARGS)
+
+# benchmarks/gpu_check.sh on a GPU machine that cannot install from a registry (Python
+# 3.12, jax + CUDA, flax, optax, orbax, torch already there): the cp312 wheels of
+# jaxspeech's other imports, at the main install's versions, carried into
+# .gpu-check/wheels (~15 MB) and installed there with --target.
+GPU_CHECK_DIR := .gpu-check
+GPU_CHECK_PACKAGES := grain array-record cloudpickle librosa lazy-loader soundfile cffi pycparser \
+    soxr audioread pooch decorator platformdirs ml-collections portpicker zstandard \
+    tensorboardx rapidfuzz
+gpu-check-wheels: $(VENV)/.installed
+	rm -rf $(GPU_CHECK_DIR)/wheels && mkdir -p $(GPU_CHECK_DIR)/wheels
+	$(UV) pip freeze --python $(PY) | grep -iE '^($(subst $(space),|,$(GPU_CHECK_PACKAGES)))==' \
+	  > $(GPU_CHECK_DIR)/wheels/requirements.txt
+	$(VENV)/bin/pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
+	  -r $(GPU_CHECK_DIR)/wheels/requirements.txt -d $(GPU_CHECK_DIR)/wheels
+
+# The PyTorch peer of benchmarks/train_step.py --peer (benchmarks/lib/torch_peer.py:
+# torchaudio's Conformer and RNN-T loss), run in a subprocess with this venv's python.
+# Every torchaudio wheel on PyPI links CUDA's libraries (libc10_cuda, libcudart), so it
+# cannot load beside a CPU-only torch; torchaudio 2.11.1 asks for torch >= 2.11, and the
+# CUDA build of torch 2.14.1 runs it on a CPU too (5.5 GB in the venv; 3.6-5.8 min on a
+# 2-core VM whose disk caches its wheels, otherwise ~3 GB of downloads). pip, not uv: pip
+# reads the machine's wheel caches (find-links). PEER_PACKAGES picks other releases.
+PEER_VENV := .venv-peer
+PEER_PACKAGES ?= torch==2.14.1 torchaudio==2.11.1 numpy
+$(PEER_VENV)/.installed:
+	$(PYTHON) -m venv $(PEER_VENV)
+	$(PEER_VENV)/bin/pip install --quiet $(PEER_PACKAGES)
+	$(PEER_VENV)/bin/python -c 'import torch, torchaudio; print("peer: torch", torch.__version__, "torchaudio", torchaudio.__version__)'
+	touch $@
+
+install-peer: $(PEER_VENV)/.installed
 
 # Order-only on the install: reinstalling after a pyproject.toml change must not
 # re-synthesize (or re-prepare) a corpus that is already there.

@@ -1,9 +1,10 @@
 """Train step of the Conformer S and M transducers: step time, audio seconds/s and MFU.
 
 `python benchmarks/train_step.py [--quick] [--models S,M] [--dtype float32|bfloat16]
-[--batch B] [--seconds S] [--repeats N] [--peak_tflops X] [--set KEY=VALUE ...] [--out PATH]`
-prints a table and writes `benchmarks/results/train_step.json`. `--set` changes a config
-entry of every model (e.g. `--set model.head=ctc` times the step without the transducer).
+[--batch B] [--seconds S] [--repeats N] [--peak_tflops X] [--set KEY=VALUE ...] [--peer
+[--peer_python PY]] [--out PATH]` prints a table and writes `benchmarks/results/train_step.json`.
+`--set` changes a config entry of every model (e.g. `--set model.head=ctc` times the step
+without the transducer). `--peer` adds each model's PyTorch peer (benchmarks/lib/peer.py).
 
 What runs: for each model, the real training step of `configs/conformer.py:<size>` as
 the trainer builds it from `jaxspeech.training.state` and `jaxspeech.training.step`: its
@@ -64,6 +65,9 @@ device count. On CPU the MFU is therefore relative to that measured matmul rate,
 datasheet peak (and for bf16 on CPU still to the f32 rate). An accelerator without a
 table entry reports no MFU unless `--peak_tflops` is given.
 
+`--device_hour_price P` (per device, any currency): each row's price of an audio hour
+trained, devices x P / audio_s_per_s (step time only: goodput 1).
+
 Goal (printed, never asserted): MFU >= 40% for Conformer-L in bfloat16 on an accelerator.
 On CPU the script says that the goal applies to accelerators.
 """
@@ -83,15 +87,23 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:  # `benchmarks.lib` from this checkout when run as a script
     sys.path.insert(0, ROOT)
 
-from benchmarks.lib import environment, results, workers  # noqa: E402
+from benchmarks.lib import environment, peer, results, step_rows, workers  # noqa: E402
 from benchmarks.lib.config_overrides import apply_overrides  # noqa: E402
-from benchmarks.lib.mfu import MATMUL_N, MATMUL_TRIES, probe, rates, select_peak  # noqa: E402
+from benchmarks.lib.mfu import (  # noqa: E402
+    MATMUL_N,
+    MATMUL_TRIES,
+    price_columns,
+    probe,
+    rates,
+    select_peak,
+)
 from benchmarks.lib.synthetic_batch import (  # noqa: E402
     TOKENS_PER_SECOND,
     VOCAB,
     label_width,
     make_batch,
 )
+from configs import conformer  # noqa: E402
 from jaxspeech.config import build  # noqa: E402
 from jaxspeech.training import batch as batch_lib  # noqa: E402
 from jaxspeech.training import flops as flops_lib  # noqa: E402
@@ -173,15 +185,20 @@ def measure_model(
     size: str, dtype: str, batch: int, seconds: float, repeats: int, overrides: list[str] = ()
 ) -> dict:
     """Builds, compiles and times the train step of configs/conformer.py:<size>."""
-    from configs import conformer
     from jaxspeech.parallel import rules
 
-    config = conformer.get_config(size)
-    config.model.dtype = dtype
-    apply_overrides(config, list(overrides))
+    config = model_config(size, dtype, overrides)
     config.mesh.replica, config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 1, -1, 1, 1
     with rules.axis_rules(build.rules_from_config(config)):  # the train loop's table
         return _measure(config, size, dtype, batch, seconds, repeats)
+
+
+def model_config(size: str, dtype: str, overrides: list[str] = ()):
+    """configs/conformer.py:<size> in `dtype` with the --set overrides."""
+    config = conformer.get_config(size)
+    config.model.dtype = dtype
+    apply_overrides(config, list(overrides))
+    return config
 
 
 def _measure(config, size: str, dtype: str, batch: int, seconds: float, repeats: int) -> dict:
@@ -207,6 +224,7 @@ def _measure(config, size: str, dtype: str, batch: int, seconds: float, repeats:
     times, mem = timed["times"], timed["mem"]
     row = {
         "model": size,
+        "framework": step_rows.OURS,
         "device": devices[0].device_kind,
         "dtype": dtype,
         "num_devices": len(devices),
@@ -361,29 +379,6 @@ def run_worker(what: list[str]) -> dict:
 # ------------------------------------------------------------------------------------
 # The driver (touches no device itself: on GPUs each worker gets the memory to itself).
 # ------------------------------------------------------------------------------------
-def _fmt(x: float | None, spec: str) -> str:
-    return "-" if x is None else format(x, spec)
-
-
-def print_table(rows: list[dict]) -> None:
-    print(
-        "| model | device | dtype | params M | B x S | step ms | audio s/s | model GFLOP/step "
-        "| achieved TFLOP/s | peak TFLOP/s | MFU | compile s | XLA args / temp MiB "
-        "| peak in use MiB |"
-    )
-    print("|" + "---|" * 14)
-    for r in rows:
-        print(
-            f"| {r['model']} | {r['device']} | {r['dtype']} | {r['params_m']:.1f} "
-            f"| {r['batch']} x {r['seconds']:g} s | {r['step_ms']:.0f} "
-            f"| {r['audio_s_per_s']:.1f} | {r['model_gflop_per_step']:.1f} "
-            f"| {_fmt(r['achieved_tflops'], '.3f')} | {_fmt(r['peak_tflops'], '.3f')} "
-            f"| {'-' if r['mfu'] is None else format(r['mfu'], '.1%')} | {r['compile_s']:.1f} "
-            f"| {_fmt(r.get('xla_argument_mib'), '.0f')} / {_fmt(r.get('xla_temp_mib'), '.0f')} "
-            f"| {_fmt(r.get('peak_bytes_in_use_mib'), '.0f')} |"
-        )
-
-
 def run(args: argparse.Namespace) -> dict:
     t_start = time.perf_counter()
     load_at_start = environment.load_avg_1m()
@@ -398,7 +393,8 @@ def run(args: argparse.Namespace) -> dict:
         f"models {', '.join(f'{m} {d}' for m, d in plan['runs'])}",
         flush=True,
     )
-    rows, sources, skipped = [], set(), []
+    peer_python = setup_peer(args, plan)
+    rows, sources, skipped, peers = [], set(), [], []
     for size, dtype in plan["runs"]:
         peak, source = select_peak(
             info["device_kind"],
@@ -409,6 +405,8 @@ def run(args: argparse.Namespace) -> dict:
         )
         sources.add(source)
         row = run_model(args, plan, info["device_count"], size, dtype, skipped)
+        if peer_python:
+            peers.append(run_peer(args, plan, peer_python, size, dtype, row))
         if row is None:
             continue
         row |= rates(
@@ -420,13 +418,14 @@ def run(args: argparse.Namespace) -> dict:
             peak,
         )
         row["peak_source"] = source
+        row |= price_columns(row, args.device_hour_price)
         rows.append(row)
         print(
             f"{size} {dtype}: step {row['step_ms']:.0f} ms, compile {row['compile_s']:.1f} s, "
             f"loss {row['loss_first']:.3f} -> {row['loss_last']:.3f}",
             flush=True,
         )
-    goal = goal_line(rows, accelerator, skipped)
+    goal = goal_line(rows, accelerator, skipped)  # ours only
     result = {
         "benchmark": "train_step",
         "device": f"{info['platform']}:{info['device_kind']}",
@@ -450,15 +449,29 @@ def run(args: argparse.Namespace) -> dict:
         ),
         "flops_method": "jaxspeech.training.flops.step_flops (layers and joiner chunks unrolled)",
         "goal": goal,
-        "rows": rows,
+        "rows": step_rows.interleave(rows, [p for p in peers if "error" not in p]),
         # Batches that did not fit in device memory (plan: XLA's, vs memory_stats' limit).
         "does_not_fit": skipped,
+        "peer_not_measured": [p for p in peers if "error" in p],  # --peer: not fitting, failed
     }
-    print_summary(result, rows, goal)
+    print_summary(result, result["rows"], goal)
     result["wall_s"] = round(time.perf_counter() - t_start, 1)
     print(f"total {result['wall_s']:.0f} s")
     results.save_result(args.out, result)
     return result
+
+
+def setup_peer(args: argparse.Namespace, plan: dict) -> str | None:
+    """--peer: the peer's Python, checked (with the models' configs) before anything runs."""
+    configs = [model_config(m, d, args.set) for m, d in plan["runs"]]
+    return peer.setup(args.peer_python, ROOT, configs) if args.peer else None
+
+
+def run_peer(args, plan: dict, python: str, size: str, dtype: str, ours: dict | None) -> dict:
+    """The PyTorch peer's row (or why it has none) at ours' batch (the plan's if ours has none)."""
+    job = {k: plan[k] for k in ("seconds", "repeats")} | {"vocab": VOCAB, "blank": BLANK_ID}
+    job |= {"model": size, "dtype": dtype, "batch": ours["batch"] if ours else plan["batch"]}
+    return peer.measure(python, ROOT, model_config(size, dtype, args.set), **job)
 
 
 def run_model(
@@ -512,7 +525,14 @@ def print_summary(result: dict, rows: list[dict], goal: str) -> None:
             f"CPU peak = best of {m['tries']} {m['n']}^3 f32 matmuls on one device: "
             f"{m['tflops'] * 1e3:.1f} GFLOP/s per device (MFU is relative to this rate)"
         )
-    print_table(rows)
+    print("\n".join(step_rows.table_lines(rows) + step_rows.comparison_lines(rows)))
+    for r in rows:
+        if r.get("price_per_audio_hour") is not None:
+            print(
+                f"{r['model']} {r['dtype']}: {r['price_per_audio_hour']:.4g} per audio hour "
+                f"trained at {r['device_hour_price']:g} per device hour x {r['num_devices']} "
+                f"({r['audio_s_per_s']:.1f} audio s/s; step time only)"
+            )
     for r in rows:
         if r["batch_reduced_from"]:
             print(
@@ -533,6 +553,12 @@ def main(argv: list[str] | None = None) -> dict | None:
         "--peak_tflops", type=float, default=0.0, help="peak TFLOP/s of one device (override)"
     )
     ap.add_argument(
+        "--device_hour_price",
+        type=float,
+        default=0.0,
+        help="price of one device for an hour (any currency): each row's price per audio hour",
+    )
+    ap.add_argument(
         "--set",
         action="append",
         default=[],
@@ -545,6 +571,8 @@ def main(argv: list[str] | None = None) -> dict | None:
         metavar="DIR",
         help="also trace 3 steps per model with jax.profiler (Perfetto JSON) under DIR/<model>",
     )
+    ap.add_argument("--peer", action="store_true", help="also time each model's PyTorch peer")
+    ap.add_argument("--peer_python", default=None, help="the peer's Python (.venv-peer's)")
     ap.add_argument("--out", default=os.path.join(RESULTS, "train_step.json"))
     ap.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -558,8 +586,6 @@ def main(argv: list[str] | None = None) -> dict | None:
             print(json.dumps(row))
         return None
     if args.models:
-        from configs import conformer
-
         unknown = [m for m in args.models.upper().split(",") if m not in conformer.SIZES]
         if unknown:
             ap.error(f"unknown models {unknown}; choose from {list(conformer.SIZES)}")

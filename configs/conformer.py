@@ -58,6 +58,11 @@ def get_config(arg: str | None = None) -> ConfigDict:
     c.model.conformer.num_heads = heads
     c.model.conformer.conv_kernel = kernel
     c.model.conformer.subsampling_channels = min(dim, 512)  # the convs' FLOPs grow as C^2
+    # The blocks keep only their weight matmuls' outputs for the backward pass: L at
+    # 64 x 16 s on an H100 plans 16.6 GiB of temporaries instead of 57.4 (float32
+    # LayerNorm copies, FFN hiddens and (B, H, T, T) attention tensors of 17 layers), for
+    # 3% more GEMM FLOPs and no more launches (benchmarks/README.md, gpu_plan.py).
+    c.model.conformer.remat = "dots"
     c.model.transducer.predictor_dim = head_dim
     c.model.transducer.joiner_dim = head_dim
     c.loss.rnnt_warmup_steps = 4000  # icefall's warm_step for the pruned loss

@@ -1,57 +1,32 @@
 r"""Conformer-transducer on the synthetic espeak-ng demo corpus, on CPU: the library
-defaults (`jaxspeech/config/defaults.py`) with the demo corpus, its tuned augmentation and
-the RNN-T head.
+defaults (`jaxspeech/config/defaults.py`) with the demo corpus, its tuned augmentation,
+a short-utterance phase and the RNN-T head.
 
 Run (what `make demo` does after preparing data/demo/shards):
   python -m jaxspeech.train --config configs/demo.py --workdir runs/demo
   python -m jaxspeech.evaluate --workdir runs/demo --data data/demo/shards --split test
+Expected on 2 CPU cores (19 min of training on `make demo`'s 9-hour corpus): test CER
+~11.6% / WER ~38% (seeds 0-2: 11.2-12.3%), natural-text clean ~15-17%, noisy ~17-21%.
 
-Measured figures of every variant, with commit, date and device, and the recipe's history
-(what each of its choices was worth): docs/results.md.
-
-Variants (`--config configs/demo.py:NAME`):
-  (default) the transducer (stateless predictor, pruned RNN-T loss), 1,800 steps, the
-            first 300 on the utterances of <= 2.25 s only, speed perturbation and noise
-            from step 86, decoded by RNN-T beam search (beam 4, up to 3 labels a frame), on
-            `make demo`'s 9-hour corpus (half of the training sentences natural). Measured
-            2026-11-27 (c9f027d, `make demo` from nothing in 21.8 min, 19.0 of them
-            training) on 2 CPU cores: test CER 11.6% / WER 38.4% (3 held-out voices,
-            unseen sentences), dev 11.6% / 38.7% (2 other held-out voices), natural-text
-            unseen voices 14.9% clean, 17.5% noisy; with the trigram LM (beam 8) test 9.6%
-            / 28.3%, natural 15.2% / 17.9%. Seeds 1 and 2: test 11.2% / 12.3%,
-            natural clean 16.2% / 17.2%, noisy 18.7% / 20.8%
-            (docs/results.md, 1a). Before the short-utterance phase the same recipe gave
-            test 11.5% for seed 0 but 14.6-15.7% or no learning at all for four others. On
-            3 hours of the grammar only (DEMO_NATURAL_SHARE=0, no short phase, 17.6 min):
-            test 9.2% / 31.2%, natural 22.2% / 25.1%. The variants below were measured on
-            3 hours of the grammar only, without the short phase.
-  ctc       the same augmentation with the CTC head and 1,350 steps (the default until
-            2026-11-27; 18.8 min): test CER 14.9% / WER 52.6%, dev 14.7% / 49.8%, natural
-            26.9% clean, 29.9% noisy. Without the augmentation (ec33db7): test 14.5% /
-            50.5%, noisy 43.9%.
-  ctc_rnnt  the same encoder with a transducer plus the CTC loss at weight 0.3, decoded by
-            RNN-T greedy search, no waveform augmentation: 1,350 steps (2026-11-26,
-            40507ab; 43.2 min while the test suite shared the cores). Test CER 10.3% / WER
-            36.5%, dev CER 10.4% / WER 36.7%; its CTC head alone (`--method ctc_greedy`):
-            test CER 16.2% / WER 56.3%.
-  rnnt      the transducer without the waveform augmentation, greedy search: 1,350 steps
-            (2026-11-26, 8bddb28; 27.9 min, the test suite sharing the cores for 14 of
-            them). Test CER 11.5% / WER 38.3%, dev CER 11.1% / WER 38.8%.
-  streaming the CTC recipe (no waveform augmentation) as a streaming model: causal
-            convolutions and chunked attention with a chunk size drawn per batch (dynamic
-            chunks), evaluated in-loop at chunk 16. 1,350 steps at ~785 ms per step when
-            the machine is quiet (34.2 min measured while the test suite shared it).
-            Decoded chunk by chunk (`evaluate --streaming --chunk_size C`): test CER 18.9% /
-            WER 61.6% at 16 frames (640 ms), 21.0% / 68.6% at 4 (160 ms); full context
-            (`--chunk_size 0`) 18.0% / 60.2% (benchmarks/streaming.py).
-  ctc_aed   hybrid CTC/attention: the same encoder with a 3-block attention decoder,
-            the joint loss 0.5 CTC + 0.5 attention, 1,250 steps (its step costs ~8% more:
-            the CTC recipe's training time), no waveform augmentation, decoded by joint
-            CTC/attention beam search (beam 4). Measured 2026-11-26 (one seed; 54.8 min
-            while the test suite shared the cores): test CER 13.6% / WER 44.5%, dev CER
-            13.6% / WER 43.7%; its CTC branch alone (`--method ctc_greedy`) test 15.9% /
-            53.0%, attention rescoring of the CTC n-best (`--method aed_rescore`) 15.3% /
-            50.9%.
+Variants (`--config configs/demo.py:NAME`). Every one but `tiny` reads only the utterances
+of <= 2.25 s for its first 300 steps: without that phase `ctc_rnnt` stayed on the blank
+plateau on the 9-hour corpus. Measured figures with commit, date, device and corpus (the
+variants' full runs were on the former 3-hour grammar-only corpus), and the recipe's
+history: docs/results.md, section 1.
+  (default) the transducer (stateless predictor, pruned RNN-T loss), 1,800 steps, speed
+            perturbation and noise from step 86, RNN-T beam search (beam 4, up to 3
+            labels a frame).
+  ctc       the CTC head, the same augmentation from step 300, 1,350 steps.
+  ctc_rnnt  the transducer plus the CTC loss at weight 0.3, no waveform augmentation,
+            RNN-T greedy search, 1,350 steps: off the plateau by step 300 (CTC loss
+            2.17 there; 2.86 without the short phase).
+  rnnt      the transducer without the waveform augmentation, greedy search, 1,350 steps.
+  streaming the CTC recipe without the waveform augmentation as a streaming model: causal
+            convolutions and chunked attention with a chunk size drawn per batch,
+            evaluated in-loop at chunk 16 (`evaluate --streaming --chunk_size C`).
+  ctc_aed   hybrid CTC/attention: a 3-block attention decoder, the joint loss 0.5 CTC +
+            0.5 attention, 1,250 steps (its step costs ~8% more), no waveform
+            augmentation, joint CTC/attention beam search (beam 4).
   tiny      a seconds-long CTC model for tests; accuracy is not a goal.
 """
 
@@ -84,17 +59,25 @@ def get_config(arg: str | None = None) -> ConfigDict:
     c.specaug.time_mask_max_ratio = 0.04
     c.specaug.freq_warp = 0.1
     c.model.conformer.dropout = 0.0  # dropout's random bits cost ~25% of a CPU step
+    if variant != "tiny":
+        # A curriculum: the first 300 steps read only the utterances of <= 2.25 s (2,617 of
+        # the 9-hour corpus's 9,450; 86 batches a pass), then every utterance. Without it
+        # the encoder left the blank plateau early only for some seeds and heads (the
+        # default: one of five seeds never left it; ctc_rnnt: CTC loss 2.86 at step 300);
+        # short utterances first took them off it by step ~250 (docs/results.md, 1a).
+        c.data.short_first_steps = 300
+        c.data.short_first_seconds = 2.25
     if variant in ("default", "ctc"):
-        # Waveform augmentation from the 4th epoch of a 3-hour corpus (~step 540; the
-        # default starts after its short-utterance phase, step 300): speed
-        # 0.9/1.0/1.1 and, on half of the utterances, white/pink/brown noise at 5-20 dB.
-        # From step 0 either one kept the model on CTC's blank plateau past the budget;
-        # after it, they cost the grammar's test split nothing beyond run-to-run spread
-        # and brought the natural noisy split from 43.9% to 29.9% CER (docs/results.md,
-        # 1a). The other variants were measured without it.
+        # Waveform augmentation: speed 0.9/1.0/1.1 and, on half of the utterances,
+        # white/pink/brown noise at 5-20 dB. From step 0 either one kept the CTC recipe on
+        # its blank plateau past the budget; once off it, they cost the grammar's test
+        # split nothing beyond run-to-run spread and brought the natural noisy split from
+        # 43.9% to 29.9% CER (docs/results.md, 1a). Epochs count the short phase's passes
+        # (86 batches) first: CTC augments from epoch 4, the end of the short phase (step
+        # 300), the transducer from epoch 1 (step 86, below).
         c.waveform_aug.speeds = (0.9, 1.0, 1.1)
         c.waveform_aug.noise_prob = 0.5
-        c.waveform_aug.start_epoch = 3
+        c.waveform_aug.start_epoch = 4
     if variant == "default":
         # The transducer: better than CTC on every split at 1,350 steps (test CER 12.4%
         # against 14.9%, natural noisy 27.4% against 29.9%), and those train in 13.6 min
@@ -105,14 +88,7 @@ def get_config(arg: str | None = None) -> ConfigDict:
         c.model.head = "rnnt"
         c.decoding.method = "rnnt_beam"
         c.train.num_steps = 1800
-        # A curriculum: the first 300 steps read only the utterances of <= 2.25 s (2,617 of
-        # the 9-hour corpus's 9,450; 86 batches a pass), then every utterance. Without it
-        # the encoder left the transducer's blank plateau early only for some seeds (one of
-        # five never left it, three ended 3-4 points worse); short utterances first took
-        # most seeds off it by step ~250 (docs/results.md, 1a). Epochs count the short
-        # passes first, so the augmentation starts at the second one (step 86).
-        c.data.short_first_steps = 300
-        c.data.short_first_seconds = 2.25
+        # The augmentation from the short phase's 2nd pass (step 86), as it was measured.
         c.waveform_aug.start_epoch = 1
         # Shallow fusion with the trigram of the training transcripts, half of them natural
         # sentences: on dev the best of a grid (weights 0.3-1.2, bonuses 2-10) was 0.6 / 4

@@ -10,6 +10,8 @@ drop those lines with the rest of Beam's routine output (`data_prep.runner`).
 
 import logging
 
+import jaxspeech  # noqa: F401  (numba's cache made safe, Ctrl-C as one line: its __init__)
+
 
 def _not_beam_bigquery_notice(record: logging.LogRecord) -> bool:
     return not str(record.msg).startswith("apitools not found, and bigquery client")

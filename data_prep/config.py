@@ -128,7 +128,7 @@ def define_flags(fv: flags.FlagValues) -> None:
 def _define_reader_flags(d: dict) -> None:
     """The options of single --format readers (kaldi, tfds, hf, lhotse); `d`: the
     DEFINE_* keywords (flag_values, module_name)."""
-    flags.DEFINE_bool("allow_pipes", False, "kaldi: run wav.scp entries that are commands.", **d)
+    flags.DEFINE_bool("allow_pipes", False, "kaldi, lhotse: run commands (no shell).", **d)
     flags.DEFINE_string("tfds_data_dir", None, "tfds: the TFDS data directory.", **d)
     flags.DEFINE_string("tfds_split", None, "tfds: the TFDS split (default: --split).", **d)
     flags.DEFINE_string("tfds_audio_key", "audio", "tfds: the audio feature.", **d)

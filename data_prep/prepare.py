@@ -387,5 +387,7 @@ if __name__ == "__main__":
     # Run the copy imported under its real name: Beam workers unpickle DoFns and elements by
     # module path, and "__main__" in a worker is the worker itself.
     from data_prep import prepare as _prepare
+    from jaxspeech import cli
 
-    sys.exit(_prepare.main())
+    with cli.interrupt_as_one_line("prepare"):
+        sys.exit(_prepare.main())

@@ -44,6 +44,7 @@ from data_prep.runner import pipeline_options, quiet_beam_output
 from jaxspeech import files, storage
 from jaxspeech.data import reader as reader_lib
 from jaxspeech.data import records
+from jaxspeech.errors import UserError
 
 READ_BLOCK = 256  # records per read call: big enough to amortize, small enough for memory
 DURATION_TOLERANCE_S = 1e-3  # durations.npy holds float32 seconds
@@ -264,8 +265,13 @@ def repair_split(data_dir: str, split: str, shards: list[dict]) -> dict[str, Any
     records_removed: n}.
     """
     split_dir = os.path.join(data_dir, split)
-    with open(os.path.join(split_dir, records.INDEX_FILE)) as f:
+    index_path = os.path.join(split_dir, records.INDEX_FILE)
+    with open(index_path) as f:
         raw_index = json.load(f)
+    # Moves and rewrites stay inside the split, whatever its index names (a crafted
+    # index must not move a file of the user's into it).
+    for entry in raw_index["shards"]:
+        files.inside(split_dir, entry["path"], index_path)
     durations = np.load(os.path.join(split_dir, records.DURATIONS_FILE))
     aside = os.path.join(split_dir, SET_ASIDE, time.strftime("%Y%m%d-%H%M%S"))
     os.makedirs(aside, exist_ok=True)
@@ -381,8 +387,12 @@ def main(argv: list[str] | None = None) -> int:
     except VerifyError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    with quiet_beam_output(enabled=not args.verbose):
-        by_split = run_checks(args.data_dir, splits, beam_args)
+    try:
+        with quiet_beam_output(enabled=not args.verbose):
+            by_split = run_checks(args.data_dir, splits, beam_args)
+    except UserError as e:  # an index naming files outside its split, for one
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     where = source if storage.is_remote(source) else os.path.abspath(source)
     report = {"data_dir": where, "splits": {}}
     status = 0
@@ -413,5 +423,7 @@ if __name__ == "__main__":
     # Run the copy imported under its real name: Beam workers unpickle functions by module
     # path, and "__main__" in a worker is the worker itself.
     from data_prep import verify as _verify
+    from jaxspeech import cli
 
-    sys.exit(_verify.main())
+    with cli.interrupt_as_one_line("verify"):
+        sys.exit(_verify.main())

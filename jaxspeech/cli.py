@@ -5,18 +5,20 @@ decoding flags of the commands that decode a run. Only entry points import this 
 
 Exit codes: 2 a user mistake (`UserError`, bad command line), 3 training diverged,
 4 a process of a multi-process job stopped (usually because a peer died), 5 storage
-failed (disk full, quota, read-only or missing directory, I/O error: `jaxspeech.files`).
+failed (disk full, quota, read-only or missing directory, I/O error: `jaxspeech.files`),
+130 interrupted by Ctrl-C (one line, no traceback).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import sys
 import textwrap
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import jax
 from absl import flags
@@ -24,6 +26,7 @@ from absl import flags
 from jaxspeech import files
 from jaxspeech.errors import TrainingDiverged, UserError
 from jaxspeech.parallel import mesh as mesh_lib
+from jaxspeech.runs import crash
 
 
 def parse_flags(
@@ -190,10 +193,38 @@ def quiet_background_errors() -> None:
         absl_logger.addFilter(_OrbaxStorageErrors())
 
 
+def tool_name() -> str:
+    """The running command's short name ("train", "evaluate", "prepare"): its module's."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None) or sys.argv[0] or "jaxspeech"
+    return crash.command_name() or os.path.splitext(os.path.basename(path))[0]
+
+
+@contextlib.contextmanager
+def interrupt_as_one_line(tool: str | None = None) -> Iterator[None]:
+    """Ctrl-C (KeyboardInterrupt) inside ends the process with one line, `<tool>:
+    interrupted`, and exit code 130, without a traceback. It leaves at once (`os._exit`):
+    an orderly interpreter shutdown would let background thread pools (Orbax's, Grain's)
+    print their own tracebacks. For commands that write nothing a later run needs; the
+    trainer saves first (`jaxspeech.runs.checkpoint.Preemption`)."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        sys.stdout.flush()
+        print(f"{tool or tool_name()}: interrupted", file=sys.stderr, flush=True)
+        os._exit(130)
+
+
 def run_job(fn: Callable[[], object]) -> None:
     """Join the multi-host job (flags or cluster detection), then run `fn`; failures end
-    the process with one clear message and the exit codes above."""
+    the process with one clear message and the exit codes above, a Ctrl-C with one line
+    (`interrupt_as_one_line`)."""
     quiet_background_errors()
+    with interrupt_as_one_line():
+        _run_job(fn)
+
+
+def _run_job(fn: Callable[[], object]) -> None:
     try:
         try:
             how = mesh_lib.initialize()  # before anything touches a device

@@ -64,7 +64,7 @@ def evaluate_synthesizer(splits: list[str] | None) -> None:
             "and counts unreadable records)"
         )
     decoding = cli.decoding_overrides()
-    chosen = FLAGS.method or FLAGS.beam or any(v is not None for v in decoding.values())
+    chosen = FLAGS.method or FLAGS.beam is not None or any(v is not None for v in decoding.values())
     if chosen and not FLAGS.asr_workdir:
         cli.usage_error(
             "the decoding flags choose how --asr_workdir's recognizer decodes: give --asr_workdir"

@@ -15,8 +15,9 @@ import sys
 
 from absl import app, flags, logging
 
-from jaxspeech import cli
+from jaxspeech import cli, storage
 from jaxspeech.evaluation import tts_run
+from jaxspeech.metrics import trackers
 from jaxspeech.parallel import mesh as mesh_lib
 from jaxspeech.serving import export as export_lib
 from jaxspeech.serving import quantize, tts_export, vocoder_export
@@ -126,6 +127,14 @@ def main(argv: list[str]) -> None:
             ),
             file=sys.stderr,
         )
+        if not storage.is_remote(FLAGS.workdir) and not storage.is_remote(FLAGS.output):
+            # The run's MLflow / W&B runs (monitor.trackers) get the manifest.
+            where = os.path.join(FLAGS.output, export_lib.MANIFEST)
+            warn = lambda line: print(line, file=sys.stderr)  # noqa: E731
+            for line in trackers.send_to_runs(
+                FLAGS.workdir, where, "export/manifest.json", warn=warn
+            ):
+                warn(f"WARNING: {line}")
         summary = {"output": os.path.abspath(FLAGS.output), "step": manifest["run"]["step"]}
         print(json.dumps(summary | {"functions": list(manifest["functions"]), "eval": scores}))
 

@@ -30,6 +30,8 @@ import uuid
 from collections.abc import Iterator
 from typing import IO, Any
 
+from jaxspeech.errors import UserError
+
 TEMP_MARK = ".tmp-"  # temporary names: ".<name>.tmp-<random>" next to the target
 
 # errno values that mean "the storage cannot take this write" (not a bug in the caller).
@@ -200,3 +202,43 @@ def replace_dir(staging: str, final: str) -> None:
     else:
         os.rename(staging, final)
     _fsync_dir(os.path.dirname(os.path.abspath(final)))
+
+
+# ---------------------------------------------------------------- paths that data names
+def escape_reason(root: str, name: object) -> str | None:
+    """Why the path `name`, read from a file of the directory `root` (a split's index.json,
+    a tokenizer's config, a run's metadata), would reach outside `root`; None when it
+    stays inside.
+
+    A dataset or run directory may come from elsewhere, so the paths its files name are
+    data, not the user's choice: only relative paths without `..` are accepted, and their
+    real path (symlinks resolved, in `root` too) must lie under `root`'s real path.
+    """
+    if not isinstance(name, str) or not name or "\0" in name:
+        return "not a file name"
+    if os.path.isabs(name) or name.startswith("\\") or os.path.splitdrive(name)[0]:
+        return "an absolute path"
+    if ".." in name.replace("\\", "/").split("/"):
+        return "a path through '..'"
+    real_root = os.path.realpath(root)
+    if os.path.commonpath([real_root, os.path.realpath(os.path.join(real_root, name))]) != (
+        real_root
+    ):
+        return "a symbolic link that leads out of it"
+    return None
+
+
+def inside(root: str, name: object, source: str) -> str:
+    """`root`/`name` for a path `name` that the file `source` (in `root` or its parent)
+    names, once it is known to stay inside `root` (`escape_reason`).
+
+    Raises:
+      UserError: one line naming `source` and the entry.
+    """
+    reason = escape_reason(root, name)
+    if reason is not None:
+        raise UserError(
+            f"{source} names {name!r}, {reason}: a dataset or run directory may name only "
+            f"files inside {root}"
+        )
+    return os.path.join(root, name)

@@ -70,4 +70,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    with cli.interrupt_as_one_line():
+        sys.exit(main(sys.argv))

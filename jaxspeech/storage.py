@@ -25,7 +25,10 @@ path of its scheme is used. Transient errors (connection resets, timeouts, throt
 a missing object) is a :class:`StorageError` of one line.
 
 The cache is ``$JAXSPEECH_CACHE`` (default ``~/.cache/jaxspeech``) ``/store/<scheme>/
-<bucket>/<key>``.
+<bucket>/<key>``. A bucket may be someone else's, so keys are not trusted as paths: an
+object whose key would leave its mirror (``..``, an absolute key: :func:`key_path`) is
+not copied (one warning line names them), and a mirror removes only files that its own
+earlier listing put there.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from jaxspeech.errors import UserError
 
 SCHEMES = {"s3": "s3fs", "gs": "gcsfs", "gcs": "gcsfs"}
 COMMIT_FILE = "index.json"  # a prepared split's commit marker: uploaded last
+MIRROR_MANIFEST = ".store.json"  # a mirror's record of what it holds, in its root
 RETRIES = 5
 BACKOFF_S = 0.5  # first retry delay; doubled per retry, with jitter
 
@@ -232,16 +236,72 @@ def cache_root() -> str:
     )
 
 
+def key_path(root: str, key: str) -> str:
+    """The local path of the store key ``key`` ('/'-separated, relative to a prefix) under
+    the directory ``root``.
+
+    Keys come from a bucket that may be someone else's: ``a/../../x`` joined as it is would
+    be written, and later removed as stale, outside the cache.
+
+    Raises:
+      ValueError: the key cannot be a path inside ``root`` (the message says why): empty,
+        absolute, a ``..``, ``.`` or empty segment, a backslash or NUL (a separator or the
+        end of a name to the OS, not to the store), or a path that resolves outside
+        ``root`` through a symbolic link.
+    """
+    if not key:
+        raise ValueError("an empty key")
+    if "\x00" in key:
+        raise ValueError("a NUL byte")
+    if "\\" in key:
+        raise ValueError("a backslash")
+    if key.startswith("/"):
+        raise ValueError("an absolute path")
+    parts = key.split("/")
+    for bad, why in (("..", "a '..' segment"), (".", "a '.' segment"), ("", "an empty segment")):
+        if bad in parts:
+            raise ValueError(why)
+    escape = files.escape_reason(root, key)  # the real path, symbolic links resolved
+    if escape is not None:
+        raise ValueError(escape)
+    return os.path.join(root, *parts)
+
+
 def cache_path(url: str) -> str:
-    """The local mirror directory of an object-store URL."""
+    """The local mirror directory of an object-store URL.
+
+    Raises:
+      StorageError: a URL whose bucket and key cannot be a directory inside the cache
+        (``s3://bucket/../../x``; see key_path).
+    """
     scheme, rest = url.split("://", 1)
-    return os.path.join(cache_root(), "store", scheme, *rest.strip("/").split("/"))
+    root = os.path.join(cache_root(), "store", scheme)
+    try:
+        return key_path(root, rest.strip("/"))
+    except ValueError as e:
+        raise StorageError(f"{url}: not a usable object-store path: {e}") from None
+
+
+def warn_skipped_keys(url: str, refused: dict[str, str]) -> None:
+    """One warning line for the objects under ``url`` that were not copied: their count
+    and the first keys, each with why."""
+    if refused:
+        shown = ", ".join(f"{k!r} ({why})" for k, why in sorted(refused.items())[:3])
+        more = f" and {len(refused) - 3} more" if len(refused) > 3 else ""
+        print(
+            f"WARNING: {url}: skipped {len(refused)} object(s) whose keys cannot be local "
+            f"paths: {shown}{more}",
+            flush=True,
+        )
 
 
 def local_dir(url: str, commit_file: str | None = None) -> str:
     """A local directory holding every object under ``url``: ``url`` itself when local,
     else its mirror in the cache, brought up to date (objects whose size or ETag changed
     are fetched again; files that are no longer in the store are removed).
+
+    An object whose key cannot be a path inside the mirror (``a/../../x``: key_path) is
+    not copied; one warning line counts and names them.
 
     ``commit_file``: the object that marks the prefix complete (a split's index.json);
     without it the prefix is refused.
@@ -261,34 +321,65 @@ def local_dir(url: str, commit_file: str | None = None) -> str:
         )
     local = cache_path(url)
     os.makedirs(local, exist_ok=True)
-    manifest_path = os.path.join(local, ".store.json")
+    manifest_path = os.path.join(local, MIRROR_MANIFEST)
     try:
         with open(manifest_path) as f:
             cached = json.load(f)
     except (OSError, ValueError):
         cached = {}
+    if not isinstance(cached, dict):
+        cached = {}
     fs, base = filesystem(url)
+    refused: dict[str, str] = {}  # key -> why it was not copied
     for name, meta in sorted(listing.items()):
-        target = os.path.join(local, *name.split("/"))
+        try:
+            target = _mirror_path(local, name)
+        except ValueError as e:
+            refused[name] = str(e)
+            continue
         if cached.get(name) == meta and _size(target) == meta["size"]:
             continue
-        os.makedirs(os.path.dirname(target), exist_ok=True)
+        try:
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+        except (FileExistsError, NotADirectoryError):  # keys "a" and "a/b"
+            refused[name] = "a key below another object's key"
+            continue
         temp = files.temp_path(target)
         source = f"{base.rstrip('/')}/{name}"
         retrying(join(url, name), lambda s=source, t=temp: fs.get_file(s, t))
         if _size(temp) != meta["size"]:
             os.remove(temp)
             raise StorageError(f"{join(url, name)}: downloaded {_size(temp)} bytes of {meta}")
-        os.replace(temp, target)
-        cached[name] = meta
-    for name in set(cached) - set(listing):
         try:
-            os.remove(os.path.join(local, *name.split("/")))
-        except FileNotFoundError:
+            os.replace(temp, target)
+        except IsADirectoryError:  # an earlier listing's "a/b", now "a"
+            os.remove(temp)
+            refused[name] = "a key an earlier listing had as a directory"
+            continue
+        cached[name] = meta
+    # Stale files: only those an earlier listing of this prefix put here (the manifest),
+    # and only inside the mirror (a manifest written before keys were checked may name
+    # others: those are forgotten, never removed).
+    for name in set(cached) - (set(listing) - set(refused)):
+        try:
+            os.remove(_mirror_path(local, name))
+        except (ValueError, FileNotFoundError, IsADirectoryError, NotADirectoryError):
             pass
         del cached[name]
     files.atomic_json(manifest_path, cached)
+    warn_skipped_keys(url, refused)
     return local
+
+
+def _mirror_path(local: str, key: str) -> str:
+    """key_path in a mirror directory, whose manifest's name is not a key's.
+
+    Raises:
+      ValueError: see key_path.
+    """
+    if key == MIRROR_MANIFEST:
+        raise ValueError("the name of the mirror's own manifest")
+    return key_path(local, key)
 
 
 def local_file(url: str | os.PathLike) -> str:

@@ -11,13 +11,20 @@ for; with `--config FILE`, next to that file's values.
 
 from __future__ import annotations
 
-from absl import app, flags, logging
-from ml_collections import config_flags
+import sys
 
-from jaxspeech import cli
-from jaxspeech.config import keys
-from jaxspeech.parallel import mesh as mesh_lib
-from jaxspeech.training.trainer import train_and_evaluate
+from jaxspeech.runs import crash
+
+if __name__ == "__main__":  # before the heavy imports: the parent stays a small process
+    crash.supervise("train", "jaxspeech.train")  # a native crash: one line naming the step
+
+from absl import app, flags, logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from jaxspeech import cli  # noqa: E402
+from jaxspeech.config import keys  # noqa: E402
+from jaxspeech.parallel import mesh as mesh_lib  # noqa: E402
+from jaxspeech.training.trainer import train_and_evaluate  # noqa: E402
 
 
 def main(argv: list[str]) -> None:
@@ -29,7 +36,12 @@ def main(argv: list[str]) -> None:
         return
     if config is None or workdir is None:
         cli.usage_error("--config and --workdir are required")
-    cli.run_job(lambda: train_and_evaluate(config, workdir))
+    cli.run_job(lambda: _train(config, workdir))
+
+
+def _train(config, workdir: str) -> None:
+    if "interrupted_at_step" in train_and_evaluate(config, workdir):
+        sys.exit(130)  # stopped by Ctrl-C after saving: a script must not go on as if done
 
 
 if __name__ == "__main__":

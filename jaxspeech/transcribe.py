@@ -6,8 +6,12 @@ pieces cut at pauses, and in overlapping windows where speech runs on
 (`jaxspeech.serving.longform`), with the run's config.decoding or the
 command line's decoder and LM, and printed as its text followed by one line per word
 with its start and end in seconds; `--json` prints one JSON object per file instead. A
-file that cannot be read is reported, counted and skipped; the exit code is then 1.
-Silence is not transcribed: pieces quieter than `--silence_db` are not decoded, and words
+file that cannot be read, or that holds NaN or infinite samples, is reported, counted and
+skipped; the exit code is then 1. A file below the model's sample rate is upsampled, with
+a note on stderr (it lacks the high band the model was trained with).
+Silence and steady noise are not transcribed: pieces quieter than `--silence_db`, or whose
+level varies by less than `--noise_spread_db` (no speech: "no speech detected"), are not
+decoded, and words
 in silence or longer than `--max_word_s` are dropped (`longform.SpeechGate`), counted in
 the result (and noted on stderr). A file longer than a minute gets a progress line on
 stderr (`--noprogress`: none). Runs in one process, on all of its devices.
@@ -31,7 +35,12 @@ from jaxspeech.serving import longform
 from jaxspeech.serving import transcribe as transcribe_lib
 
 
-def print_result(result: dict, as_json: bool) -> None:
+def print_result(result: dict, as_json: bool, rate: int) -> None:
+    """`result` on stdout (text or JSON), errors and notes on stderr; `rate`: the
+    model's sample rate."""
+    note = rate_note(result, rate)
+    if note:
+        print(f"note: {result['path']}: {note}", file=sys.stderr, flush=True)
     if as_json:
         print(json.dumps(result), flush=True)
     elif "error" in result:
@@ -46,9 +55,29 @@ def print_result(result: dict, as_json: bool) -> None:
             print(f"note: {result['path']}: {note}", file=sys.stderr, flush=True)
 
 
+def rate_note(result: dict, rate: int) -> str:
+    """A file recorded below the model's `rate` Hz, in words ('' otherwise): upsampled, it
+    has nothing above half its own rate (8 kHz telephone audio: nothing above 4 kHz),
+    which the model heard in training, so expect more errors."""
+    file_rate = result.get("file_rate", rate)
+    if file_rate >= rate:
+        return ""
+    return (
+        f"{file_rate} Hz audio upsampled to the model's {rate} Hz: it has no sound above "
+        f"{file_rate // 2} Hz, so expect more errors than on {rate} Hz recordings"
+    )
+
+
 def gate_note(result: dict) -> str:
     """What the speech gate left out of `result`, in words ('' if nothing)."""
     parts = []
+    if result.get("skipped_noise_s") and not result["words"]:
+        parts.append(
+            f"no speech detected: {result['skipped_noise_s']:.1f} s of steady noise not decoded "
+            f"(its speech-band level varies by under --noise_spread_db)"
+        )
+    elif result.get("skipped_noise_s"):
+        parts.append(f"{result['skipped_noise_s']:.1f} s of steady noise not decoded")
     if result["skipped_silence_s"]:
         parts.append(f"{result['skipped_silence_s']:.1f} s of silence not decoded")
     dropped = [d["reason"] for d in result["dropped_words"]]
@@ -71,7 +100,11 @@ def main(argv: list[str]) -> None:
         cli.usage_error(f"--max_word_s ({FLAGS.max_word_s}) must be more than 0")
     if not FLAGS.silence_db <= 0:  # no audio is louder than 0 dBFS: it would all be silence
         cli.usage_error(f"--silence_db ({FLAGS.silence_db}) must be at most 0 (-inf: off)")
-    gate = longform.SpeechGate(floor_db=FLAGS.silence_db, max_word_s=FLAGS.max_word_s)
+    gate = longform.SpeechGate(
+        floor_db=FLAGS.silence_db,
+        max_word_s=FLAGS.max_word_s,
+        noise_spread_db=FLAGS.noise_spread_db,
+    )
 
     def job() -> None:
         if jax.process_count() > 1:
@@ -89,7 +122,7 @@ def main(argv: list[str]) -> None:
                     window_s=FLAGS.window_s,
                     overlap_s=FLAGS.overlap_s,
                     batch=FLAGS.batch,
-                    emit=lambda r: print_result(r, FLAGS.json),
+                    emit=lambda r: print_result(r, FLAGS.json, int(config.features.sample_rate)),
                     min_pause_s=FLAGS.min_pause_s,
                     gate=gate,
                     progress=sys.stderr if FLAGS.progress else None,
@@ -132,6 +165,13 @@ if __name__ == "__main__":
         "Speech gate: 10 ms frames quieter than this (RMS, dBFS) are silence; pieces with "
         "under 0.1 s louder are not decoded, words mostly in silence are dropped (-inf: off; "
         "--max_word_s still applies).",
+    )
+    flags.DEFINE_float(
+        "noise_spread_db",
+        8.0,
+        "Speech gate: pieces whose 250-4000 Hz level in 20 ms frames varies by less than "
+        "this (95th - 10th percentile, dB) are steady noise, not decoded (0: off).",
+        lower_bound=0,
     )
     flags.DEFINE_float(
         "max_word_s", 3.0, "Words longer than this are dropped (counted in the result)."

@@ -20,7 +20,7 @@ import numpy as np
 
 from configs import demo
 from jaxspeech.audio import features
-from jaxspeech.config import build
+from jaxspeech.config import build, keys
 from jaxspeech.decoding import attention_device
 from jaxspeech.decoding import ctc as ctc_decoding
 from jaxspeech.decoding import rnnt as rnnt_decoding
@@ -79,6 +79,38 @@ def guard_config(head: str = "ctc", encoder: str = "conformer", steps: int = 40)
     # The transducer's warm-up over the first third of the run (the demo's: 300 of 1,350).
     c.loss.rnnt_warmup_steps = steps // 3
     c.mesh.data = 1
+    return c
+
+
+# What a demo variant's head learns with, kept from its config by variant_guard_config:
+# the head, the encoder and its context (a streaming model's chunks), and every loss
+# setting but the transducer's warm-up (the guard scales that to its own steps).
+HEAD_KEYS = ("model.head", "model.encoder") + tuple(
+    f"model.conformer.{k}"
+    for k in ("causal", "chunk_size", "left_chunks", "dynamic_chunk", "max_dynamic_chunk")
+)
+
+
+def head_settings(config) -> dict:
+    """{dotted key: value} of `config`'s settings that the guard trains a variant with."""
+    flat = keys.flat(config.to_dict())
+    return {
+        k: v
+        for k, v in flat.items()
+        if k in HEAD_KEYS or (k.startswith("loss.") and k != "loss.rnnt_warmup_steps")
+    }
+
+
+def variant_guard_config(variant: str, steps: int):
+    """guard_config with the head settings of configs/demo.py:`variant`."""
+    settings = head_settings(demo.get_config(variant))
+    c = guard_config(settings["model.head"], settings["model.encoder"], steps)
+    for key, value in settings.items():
+        *path, name = key.split(".")
+        section = c
+        for part in path:
+            section = section[part]
+        section[name] = value
     return c
 
 

@@ -564,6 +564,40 @@ def test_train_step_skips_nonfinite_batch():
 
 
 # ---------------------------------------------------------------- preemption
+# A process with a Preemption: the first Ctrl-C asks to stop after the step (reached, a
+# line), the second leaves at once with on_abort's line and exit code 130.
+CTRL_C_TWICE = """
+import os, signal, time
+signal.signal(signal.SIGINT, signal.default_int_handler)  # not a shell's ignore
+from jaxspeech.runs import checkpoint as ckpt_lib
+p = ckpt_lib.Preemption(on_abort=lambda: "aborted: resumes from 4")
+os.kill(os.getpid(), signal.SIGINT)
+while not p.reached(1):
+    time.sleep(0.01)
+print("reached", p.interrupted, flush=True)
+os.kill(os.getpid(), signal.SIGINT)
+time.sleep(60)
+"""
+
+
+def test_preemption_ctrl_c_once_stops_after_the_step_twice_at_once():
+    import subprocess
+    import sys
+
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    proc = subprocess.run(
+        [sys.executable, "-c", CTRL_C_TWICE], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stdout.splitlines() == [
+        "train: interrupted (Ctrl-C): stopping once the step in flight is saved; Ctrl-C "
+        "again stops at once",
+        "reached True",
+    ]
+    assert proc.stderr == "aborted: resumes from 4\n"
+    assert ckpt_lib.abort_line(0, False).endswith("before any checkpoint: rerun to start")
+
+
 def test_preemption_single_process_sigterm():
     original = signal.getsignal(signal.SIGTERM)
     sentinel = lambda signum, frame: None

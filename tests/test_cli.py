@@ -162,6 +162,44 @@ def test_status_of_an_unfinished_run_exits_1(tmp_path, capsys):
     assert capsys.readouterr().out.startswith("state=preempted step=4")
 
 
+def test_status_of_a_running_run_reports_the_step_its_job_reached(tmp_path, capsys):
+    """The `started` event holds the step the job started from; the job's progress is in
+    its lease, renewed with each heartbeat (`Lease.check(step)`)."""
+    from jaxspeech import status
+    from jaxspeech.runs import lease
+
+    run = _run(tmp_path, {"event": "started", "time": 0, "step": 0})
+    held = lease.Lease(os.path.join(run, lease.LEASE), "train", 60.0, warn=print)
+    held.acquire()
+    try:
+        held.check(52)
+        held.heartbeat()
+        assert status.main(["status", run]) == 1
+        assert capsys.readouterr().out.startswith("state=running step=52 ")
+    finally:
+        held.release()
+
+
+def test_ctrl_c_in_a_read_only_tool_is_one_line_and_exit_130(tmp_path):
+    """`cli.run_job` (evaluate, transcribe, export; status and data_prep's commands use
+    `interrupt_as_one_line` directly): no traceback, the tool's name, exit code 130."""
+    tool = tmp_path / "evaluate.py"  # the tool's name comes from its module's file
+    tool.write_text(
+        "import os, signal, time\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)  # not the shell's ignore\n"
+        "from jaxspeech import cli\n"
+        "def job():\n"
+        "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "    time.sleep(60)\n"
+        "cli.run_job(job)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+    proc = subprocess.run(
+        [sys.executable, str(tool)], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert (proc.returncode, proc.stdout, proc.stderr) == (130, "", "evaluate: interrupted\n")
+
+
 def test_status_of_a_missing_directory_is_none_and_says_so(tmp_path, capsys):
     from jaxspeech import status
 

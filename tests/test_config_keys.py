@@ -31,7 +31,9 @@ from jaxspeech.config import build
 from jaxspeech.data import tokenizer
 from jaxspeech.decoding.search import DECODERS
 from jaxspeech.losses import distill as distill_losses
+from jaxspeech.losses.kernels import common as loss_kernels
 from jaxspeech.models import asr
+from jaxspeech.models.attention_ops import ATTENTION_IMPLS, POSITION_ENCODINGS
 from jaxspeech.models.conformer import REMAT_POLICIES, ConformerEncoder
 from jaxspeech.models.lstm import LSTMEncoder
 from jaxspeech.models.transducer import PREDICTORS, Transducer
@@ -70,8 +72,11 @@ STR_CHOICES = {
     "model.encoder": tuple(models.ENCODERS),
     "model.head": asr.HEADS,
     "model.conformer.remat": tuple(REMAT_POLICIES),
+    "model.conformer.pos_enc": POSITION_ENCODINGS,
+    "model.conformer.attention": ATTENTION_IMPLS,
     "model.transducer.predictor": PREDICTORS,
     "loss.rnnt": asr.RNNT_LOSSES,
+    "loss.kernel": loss_kernels.KERNEL_SETTINGS,
     "decoding.method": ("auto", *DECODERS),
     "sync.strategy": sync.STRATEGIES,
     "sync.outer": sync.OUTER_METHODS,
@@ -97,6 +102,8 @@ def other_value(config: ConfigDict, key: str) -> tuple[object, tuple[str, ...]]:
         return default + 2, ()  # odd (centred convolutions)
     if key == "model.conformer.subsampling_factor":
         return {4: 8, 8: 4}[default], ()
+    if key == "model.conformer.attention":  # cudnn needs 16-bit compute the default lacks
+        return "xla", ()
     if key == "model.lstm.lookahead":
         return default + 1, ("--config.model.lstm.bidirectional=False",)
     if isinstance(default, bool):
@@ -121,6 +128,8 @@ def other_value(config: ConfigDict, key: str) -> tuple[object, tuple[str, ...]]:
             return "runs/other/targets", ()
         if key == "distill.schedule":
             return "0.5:2,1.0:1", ()
+        if key == "monitor.trackers":  # none: metrics.jsonl only (the others need servers)
+            return "", ()
     raise AssertionError(f"no valid test value for {key} = {default!r}: add one here")
 
 
@@ -179,9 +188,10 @@ def readme_refs() -> dict[str, list]:
 def test_readme_walk_finds_every_reference():
     """Counted by hand. README.md: 12 settings with a value (num_steps, num_layers, fsdp,
     run_steps, init_from, log_batch_ids, eval_split, and the student's train_split,
-    distill.other_split, distill.targets, distill.schedule, distill.other_dir), 41 without
-    one (features, max_corrupt_fraction, read_retries, read_backoff_s, seed, count_flops,
-    peak_tflops, encoder, conformer.*, lstm.*, head, ctc_weight, decoder.*, rnnt,
+    distill.other_split, distill.targets, distill.schedule, distill.other_dir,
+    monitor.trackers), 42 without one (features, max_corrupt_fraction, read_retries,
+    read_backoff_s, seed, count_flops, peak_tflops, monitor.trackers, device_hour_price
+    twice, encoder, conformer.*, lstm.*, head, ctc_weight, decoder.*, rnnt, kernel,
     batch_seconds, features.{kind, num_mel_bins, num_ceps, lifter, deltas} one by one,
     waveform_aug, specaug, mesh.{...}, mesh.rules, mesh.rules.embed (set empty),
     pipeline.{...}, decoding.method, lm_path, lm_weight, word_bonus, streaming, the
@@ -197,7 +207,7 @@ def test_readme_walk_finds_every_reference():
     the documents' options, recount and update."""
     refs = readme_refs()
     counts = {kind: len(found) for kind, found in refs.items()}
-    assert counts == {"override": 22, "reference": 51, "syntax": 1, "file": 2}, refs
+    assert counts == {"override": 23, "reference": 55, "syntax": 1, "file": 2}, refs
     assert "model.conformer.remat" in dict(refs["override"])  # the issue's example
 
 

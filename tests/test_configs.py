@@ -123,6 +123,7 @@ def test_conformer_sizes(size):
     dim, layers, heads, kernel, head_dim = conformer.SIZES[size]
     e = config.model.conformer
     assert (e.dim, e.num_layers, e.num_heads, e.conv_kernel) == (dim, layers, heads, kernel)
+    assert e.remat == "dots"  # the memory of benchmarks/README.md's GPU plan
     t = config.model.transducer
     assert (t.predictor_dim, t.joiner_dim) == (head_dim, head_dim)
     expected = expected_params(config, 500)
@@ -165,8 +166,6 @@ CLEAN = {
     "waveform_aug.noise_prob": 0.0,
     "waveform_aug.start_epoch": 0,
 }
-# The default's curriculum (short utterances first) came after the variants were measured.
-NO_CURRICULUM = {"data.short_first_steps": 0, "data.short_first_seconds": 0.0}
 # The default decodes by RNN-T beam search after 1,800 steps, with its own LM weights; the
 # variants by their head's default search after the library's 1,350.
 AUTO = {
@@ -177,13 +176,12 @@ AUTO = {
 }
 # What each demo variant changes from the default, as configs/demo.py's docstring says.
 VARIANT_CHANGES = {
-    # "the same augmentation with the CTC head", from the step it was measured at (3 hours)
-    "ctc": {"model.head": "ctc", "waveform_aug.start_epoch": 3, **AUTO, **NO_CURRICULUM},
-    "rnnt": {**CLEAN, **AUTO, **NO_CURRICULUM},  # "the transducer without the waveform ..."
-    "ctc_rnnt": {"model.head": "ctc+rnnt", **CLEAN, **AUTO, **NO_CURRICULUM},  # "... + CTC"
+    # "the same augmentation with the CTC head", from the end of the short phase (step 300)
+    "ctc": {"model.head": "ctc", "waveform_aug.start_epoch": 4, **AUTO},
+    "rnnt": {**CLEAN, **AUTO},  # "the transducer without the waveform ..."
+    "ctc_rnnt": {"model.head": "ctc+rnnt", **CLEAN, **AUTO},  # "... + CTC"
     "ctc_aed": {  # "hybrid CTC/attention ... 1,250 steps (its step costs ~8% more)"
         **CLEAN,
-        **NO_CURRICULUM,
         "model.head": "ctc+aed",
         "loss.ctc_weight": 0.5,
         "model.decoder.dim": 144,

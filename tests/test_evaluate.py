@@ -128,3 +128,40 @@ def test_lm_overrides_are_checked_and_tag_the_result_files(tmp_path):
     assert chunked.model.conformer.chunk_size == 8 and chunked.decoding.streaming
     tag = result_tag(chunked, None, None, {"chunk_size": 8, "streaming": True})
     assert tag == "-ctc_greedy-beam4-chunk8-streaming"
+
+
+def test_a_beam_of_zero_is_refused_not_ignored(tmp_path):
+    """--beam 0 once fell through `if beam:` to the run's beam (and wrote the untagged
+    result file); it is refused like -1."""
+    (tmp_path / "config.json").write_text(demo.get_config().to_json())
+    for beam in (0, -1):
+        with pytest.raises(ValueError, match=f"decoding.beam.*{beam}"):
+            run_eval_config(str(tmp_path), None, beam)
+    config = run_eval_config(str(tmp_path), None, 1)
+    assert config.decoding.beam == 1 and result_tag(config, None, 1).endswith("-beam1")
+
+
+def test_a_beam_too_wide_for_the_memory_is_refused():
+    """Checked when the searcher is built (before any batch is decoded), one line; a beam
+    wider than the vocabulary is not a mistake (prefixes outnumber labels)."""
+    import types
+
+    from jaxspeech.errors import UserError
+
+    config = demo.get_config()  # rnnt_beam
+    config.decoding.beam = 100_000
+    tokens = types.SimpleNamespace(blank_id=0, vocab_size=40)
+    with pytest.raises(UserError, match="decoding.beam 100000: rnnt_beam would need"):
+        search.Searcher(config, tokens)
+    config.decoding.beam = 64
+    assert search.beam_mistake(config, 40, 16 * 2**30) == ""
+    config.decoding.beam = 4000
+    found = search.beam_mistake(config, 5000, 16 * 2**30)
+    assert "GiB" in found and "over half of the 16.0 GiB" in found
+    config.decoding.method = "aed_beam"
+    config.model.head = "ctc+aed"
+    config.decoding.beam = 500  # the joint CTC scorer: (B*K, 1.5K, T, 2)
+    assert "aed_beam would need" in search.beam_mistake(config, 5000, 16 * 2**30)
+    config.decoding.method = "rnnt_greedy"
+    config.model.head = "rnnt"
+    assert search.beam_mistake(config, 40, 1) == ""  # greedy: no beam

@@ -60,8 +60,9 @@ def test_the_loader_gets_the_first_augmented_epoch(monkeypatch):
     config = demo.get_config("ctc")
     aug = inputs.waveform_augmenter(config)
     inputs._split_pipeline(config, "data", "train", None, aug, "tok")
-    # configs/demo.py's ctc variant augments from epoch 3 (the library's default: 0)
-    assert seen["augment_from_epoch"] == 3 and seen["speeds"] == (0.9, 1.0, 1.1)
+    # configs/demo.py's ctc variant augments from epoch 4, after its short phase's 3.5
+    # passes (the library's default: 0)
+    assert seen["augment_from_epoch"] == 4 and seen["speeds"] == (0.9, 1.0, 1.1)
     assert seen["augment"] is aug
 
 

@@ -151,3 +151,23 @@ def test_status_reads_the_events_and_the_lease(tmp_path, names, lease, state):
     assert got["committed"] == 0
     if state == "dead":
         assert "why" in got
+
+
+def test_status_names_what_the_last_invocations_trackers_missed(tmp_path):
+    run = str(tmp_path / "run")
+    rows = [
+        {"event": "started", "step": 0},
+        {"event": "tracker_drops", "trackers": {"mlflow": {"values": 3, "files": 1}}},
+        {"event": "started", "step": 4},  # a new invocation: its own count
+        {"event": "finished", "step": 8},
+        {"event": "tracker_drops", "trackers": {"mlflow": {"values": 20, "files": 0}}},
+    ]
+    os.makedirs(run)
+    with open(os.path.join(run, "events.jsonl"), "w") as f:
+        f.writelines(json.dumps(r | {"time": 1.0}) + "\n" for r in rows)
+    got = status_lib.run_status(run)
+    assert got["tracker_drops"] == "mlflow 20 values 0 files"
+    assert "tracker_drops='mlflow 20 values 0 files'" in status_lib.describe(got)
+    with open(os.path.join(run, "events.jsonl"), "w") as f:
+        f.writelines(json.dumps(r | {"time": 1.0}) + "\n" for r in rows[2:4])
+    assert "tracker_drops" not in status_lib.run_status(run)

@@ -351,3 +351,124 @@ def test_a_gate_at_minus_inf_lets_everything_through():
     assert not longform.SpeechGate().is_silent(_tone(0.05, -20), SR)  # all of it speech
     word = longform.Word("x", 0.5, 2.0)
     assert off.check_words([word], np.zeros(3 * SR, np.float32), SR, 0.0) == ([word], [])
+
+
+def _espeak_speech() -> np.ndarray:
+    """A sentence of the demo's synthesizer (espeak-ng), at SR, at -20 dBFS RMS."""
+    from data_prep.demo import espeak
+
+    tts = espeak.Espeak.get()
+    tts.set_voice("en-us")
+    said = tts.synthesize("the quick brown fox jumps over the lazy dog near the river bank")
+    audio = soxr.resample(said.astype(np.float32) / 32768.0, tts.sample_rate, SR)
+    return (audio * 0.1 / np.sqrt(np.mean(audio**2))).astype(np.float32)
+
+
+def test_steady_noise_of_any_colour_is_noise_and_speech_in_noise_is_not():
+    """The gate's steady-noise criterion (`SpeechGate.is_noise`): white to violet noise at
+    any level is noise; speech, clean or in white or brown noise down to 5 dB SNR (the
+    demo's noisy split: 15-25 dB), is not; pieces under 0.5 s are not judged."""
+    from jaxspeech.audio import augment
+
+    gate, rng = longform.SpeechGate(), np.random.default_rng(3)
+    for exponent in (-2.0, -1.0, 0.0, 1.0, 2.0):  # violet, blue, white, pink, brown
+        for seconds, dbfs in ((0.6, -40.0), (20.0, -6.0)):
+            noise = augment.colored_noise(rng, int(seconds * SR), exponent)
+            noise = noise * 10 ** (dbfs / 20) / np.sqrt(np.mean(noise**2))
+            assert gate.is_noise(noise.astype(np.float32), SR), (exponent, seconds, dbfs)
+    speech = _espeak_speech()
+    assert longform.band_spread_db(speech, SR) > 30.0
+    assert not gate.is_noise(speech, SR)
+    for exponent in (0.0, 2.0):
+        for snr in (15.0, 5.0):
+            noise = augment.colored_noise(rng, len(speech), exponent)
+            noisy = augment.mix_at_snr(speech, noise, snr).astype(np.float32)
+            assert longform.band_spread_db(noisy, SR) > 2 * gate.noise_spread_db - 5, snr
+            assert not gate.is_noise(noisy, SR)
+    assert not gate.is_noise(_noise(0.4, -20), SR)  # too short to judge
+    assert not longform.SpeechGate(noise_spread_db=0).is_noise(_noise(5.0, -20), SR)  # off
+
+
+def test_steady_noise_is_not_decoded_and_is_counted():
+    """Minutes of white noise once became hundreds of made-up words: now no piece of it
+    reaches the decoder, and its seconds are counted as noise, not silence."""
+    noise = _noise(60.0, -20)
+    calls = []
+
+    def decode(batch, lens):
+        calls.append(len(lens))
+        return [([], []) for _ in lens]
+
+    got = longform.transcribe([noise], decode, WORDS, rate=SR, frame_samples=640, batch=2)
+    assert calls == [] and got.words == [] and got.skipped_s == 0.0
+    assert got.noise_s == pytest.approx(60.0)
+
+
+def test_audio_with_nan_or_inf_samples_is_refused_naming_the_file(tmp_path):
+    """A float WAV with a NaN (or inf) sample once transcribed to empty text, exit 0: now
+    reading it fails at the block that holds it, naming the file and the time."""
+    for bad in (np.nan, np.inf):
+        audio = np.zeros(3 * SR, np.float32)
+        audio[2 * SR + 160] = bad  # in the third 1 s block
+        path = tmp_path / f"{bad}.wav"
+        sf.write(path, audio, SR, subtype="FLOAT")
+        with pytest.raises(longform.NonFiniteAudio, match=rf"{path}: NaN or infinite .* 2\.010 s"):
+            list(longform.read_audio_blocks(str(path), SR, block_s=1.0))
+
+
+def test_the_command_line_notes_upsampled_audio_and_steady_noise():
+    from jaxspeech.transcribe import gate_note, rate_note
+
+    result = {"path": "call.wav", "file_rate": 8000, "words": [], "dropped_words": []}
+    note = rate_note(result, 16000)
+    assert note.startswith("8000 Hz audio upsampled to the model's 16000 Hz")
+    assert "no sound above 4000 Hz" in note
+    assert rate_note(dict(result, file_rate=16000), 16000) == ""
+    assert rate_note(dict(result, file_rate=44100), 16000) == ""  # downsampled: all there
+    noise = dict(result, skipped_silence_s=0.0, skipped_noise_s=600.0)
+    assert gate_note(noise).startswith("no speech detected: 600.0 s of steady noise")
+    some = dict(noise, words=[{"word": "a"}], skipped_noise_s=2.0)
+    assert gate_note(some) == "2.0 s of steady noise not decoded"
+
+
+def test_transcribe_files_names_missing_and_non_finite_files(tmp_path, monkeypatch):
+    """`transcribe_files` with a stand-in decoder (no model): a missing file is "not
+    found" (libsndfile said "System error"), a NaN file an error with its time (it gave
+    empty text), white noise no speech, and each result carries the file's own rate."""
+    import types
+
+    from ml_collections import ConfigDict
+
+    from jaxspeech.data.tokenizer import Tokenizer
+    from jaxspeech.serving import transcribe as transcribe_lib
+
+    calls = []
+
+    def decode(batch, lens):
+        calls.append(len(lens))
+        return [([], []) for _ in lens]
+
+    monkeypatch.setattr(transcribe_lib, "window_decoder", lambda run, config, s: decode)
+    monkeypatch.setattr(transcribe_lib, "batch_size", lambda requested, mesh: requested)
+    model = types.SimpleNamespace(frame_samples=640)
+    monkeypatch.setattr(transcribe_lib, "nnx", types.SimpleNamespace(merge=lambda *a: model))
+    tokenizer = Tokenizer(kind="char", vocab=["<blank>", "<unk>", *"ab '"])
+    spec = types.SimpleNamespace(mesh=None, graphdef=None)
+    run = types.SimpleNamespace(spec=spec, params=None, model_vars=None, tokenizer=tokenizer)
+    config = ConfigDict({"features": {"sample_rate": SR}})
+    nan = np.zeros(2 * SR, np.float32)
+    nan[SR // 2] = np.nan
+    sf.write(tmp_path / "nan.wav", nan, SR, subtype="FLOAT")
+    sf.write(tmp_path / "noise8k.wav", _noise(10.0, -20)[: 5 * 8000], 8000)
+    names = ["missing.wav", "nan.wav", "noise8k.wav"]
+    results = []
+    failed = transcribe_lib.transcribe_files(
+        [str(tmp_path / n) for n in names], run, config, window_s=4.0, overlap_s=1.0,
+        batch=2, emit=results.append,
+    )  # fmt: skip
+    assert failed == 2 and calls == []
+    assert results[0] == {"path": str(tmp_path / "missing.wav"), "error": "not found"}
+    assert results[1]["error"].startswith("NaN or infinite samples (the first at 0.500 s)")
+    noise = results[2]
+    assert noise["text"] == "" and noise["file_rate"] == 8000
+    assert noise["skipped_noise_s"] == pytest.approx(5.0, abs=0.01)

@@ -2,6 +2,7 @@
 
 import jax
 
+from jaxspeech.metrics import perf
 from jaxspeech.runs import events as run_events
 from jaxspeech.training import monitor
 
@@ -94,6 +95,27 @@ def test_window_summary_without_a_peak_has_no_mfu():
     )
     assert f["mfu"] is None and "perf/mfu" not in scalars
     assert "MFU" not in monitor.progress_line(1, 1, f)
+
+
+def test_price_per_audio_hour_counts_every_device_and_the_lost_time():
+    # The window: 4 steps x 30 s of audio in 4 s of step compute (30 audio s/s while
+    # stepping), on 8 devices at 2.5 a device hour. With goodput 0.5 the run trains 15 s
+    # of audio per wall second: 15 audio hours per wall hour for 8 x 2.5 = 20 an hour.
+    times = {"wall": 8.0, "compute": 4.0, "data": 2.0, "compile": 0.0}
+    kwargs = dict(flops=4e12, lr=1e-3, peak_flops=None, goodput=0.5)
+    scalars, f = monitor.window_summary(_window(4), times, device_hour_price=2.5, **kwargs)
+    assert abs(f["price_per_audio_hour"] - 20.0 / 15.0) < 1e-12
+    assert scalars["perf/price_per_audio_hour"] == f["price_per_audio_hour"]
+    assert "| 1.33 per audio hour" in monitor.progress_line(4, 8, f)
+    # The README's epoch prices: one H100 at 3.00 an hour, 3,156 audio s/s, goodput 90%.
+    per_hour = perf.price_per_audio_hour(3.0, 1, 3156.0, 1.0, 0.9)
+    assert abs(per_hour - 3.0 / (3156 * 0.9)) < 1e-15
+    assert (round(1e5 * per_hour), round(1e6 * per_hour)) == (106, 1056)
+    # Off (price 0) or nothing measured yet (the window only compiled): not reported.
+    scalars, f = monitor.window_summary(_window(4), times, **kwargs)
+    assert f["price_per_audio_hour"] is None and "perf/price_per_audio_hour" not in scalars
+    assert "per audio hour" not in monitor.progress_line(4, 8, f)
+    assert perf.price_per_audio_hour(3.0, 1, 30.0, 0.0, 0.5) is None
 
 
 def test_batch_id_log_replayed_step_keeps_its_last_line_and_survives_a_cut(tmp_path):

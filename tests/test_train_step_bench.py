@@ -176,7 +176,10 @@ def test_driver_halves_a_default_batch_that_does_not_fit(monkeypatch, tmp_path, 
         seconds=None,
         repeats=None,
         peak_tflops=0.0,
+        device_hour_price=2.0,
         set=["model.head=ctc"],
+        peer=False,
+        peer_python=None,
         out=str(out),
     )
     result = bench.run(args)
@@ -197,7 +200,10 @@ def test_driver_halves_a_default_batch_that_does_not_fit(monkeypatch, tmp_path, 
     assert large["mfu"] == pytest.approx(0.5, rel=0.01)
     assert large["audio_s_per_s"] == pytest.approx(32 * 16 / 0.1)
     assert saved["does_not_fit"][0]["batch"] == 64
+    # 1 device at 2.0 an hour trains 5120 audio hours an hour (step time only).
+    assert large["price_per_audio_hour"] == pytest.approx(2.0 / 5120)
     printed = capsys.readouterr().out
+    assert "L bfloat16: 0.0003906 per audio hour trained at 2 per device hour x 1" in printed
     assert "PASS" in printed and "does not fit" in printed
     assert printed.count("| L |") == 1
 

@@ -2,8 +2,8 @@
 
 The arguments are `jax.ShapeDtypeStruct`s carrying their mesh shardings, so nothing is
 initialized or transferred; the compiled text is read for its collectives
-(benchmarks/lib/hlo.py). Used by benchmarks/scaling.py, benchmarks/sync.py and
-benchmarks/pipeline.py.
+(benchmarks/lib/hlo.py). Used by benchmarks/scaling.py, benchmarks/sync.py,
+benchmarks/pipeline.py and benchmarks/gpu_plan.py.
 """
 
 from __future__ import annotations

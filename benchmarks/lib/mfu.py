@@ -62,6 +62,15 @@ def rates(
     }
 
 
+def price_columns(row: dict, device_hour_price: float) -> dict:
+    """A row's price of an hour of audio trained at `device_hour_price` per device (None
+    when 0), from its step time alone (goodput 1)."""
+    price = perf.price_per_audio_hour(
+        device_hour_price, row["num_devices"], row["audio_s_per_s"], 1.0, 1.0
+    )
+    return {"device_hour_price": device_hour_price or None, "price_per_audio_hour": price}
+
+
 def matmul_flops_per_s(n: int = MATMUL_N, tries: int = MATMUL_TRIES) -> float:
     """Best FLOP/s of `tries` timed (n x n) @ (n x n) float32 matmuls on one device."""
     import jax

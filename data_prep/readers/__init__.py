@@ -6,8 +6,9 @@ validation, decoding and encoding happen once, for every format alike, in
 ``data_prep.prepare``. Where the audio of an item is, ``Item.audio_path``:
 
 - a local path or a Beam filesystem URL (``gs://...``): any libsndfile format;
-- ``pipe:<shell command>``: a Kaldi ``wav.scp`` pipe whose stdout is a sound file (only
-  with ``--allow_pipes``, since it runs a command);
+- ``pipe:<command>``: a Kaldi ``wav.scp`` pipe or a Lhotse ``command`` source whose stdout
+  is a sound file (only with ``--allow_pipes``, since it runs a command; ``Item.pipe``
+  set by those two readers alone; no shell: :mod:`.pipes`);
 - ``tfds:<index>``: record ``index`` of the TFDS dataset named by ``--input``;
 - ``wds:<shard>#<offset>:<size>``: an audio member's bytes inside a WebDataset tar shard;
 - ``hf:<file>#<row>``: a row's audio bytes in a Hugging Face dataset's Arrow or parquet file.
@@ -22,8 +23,8 @@ directory, :mod:`.librispeech`), ``kaldi`` (a Kaldi data directory, :mod:`.kaldi
 datasets: save_to_disk directories or parquet files, :mod:`.hf`) and ``lhotse`` (Lhotse
 CutSets, or RecordingSets with SupervisionSets, :mod:`.lhotse`). Shared pieces:
 :mod:`.common` (Item, errors, the registry), :mod:`.textfiles` (input files and lines),
-:mod:`.audio` (loading an item's audio). Importing this package registers every format in
-:data:`READERS`.
+:mod:`.audio` (loading an item's audio), :mod:`.pipes` (commands, run without a shell).
+Importing this package registers every format in :data:`READERS`.
 """
 
 from data_prep.readers import hf, kaldi, lhotse, librispeech, manifest, tfds, webdataset

@@ -1,4 +1,4 @@
-"""An item's audio: ``Item.audio_path`` dispatched to its loader (a file, a Kaldi ``pipe:``
+"""An item's audio: ``Item.audio_path`` dispatched to its loader (a file, a ``pipe:``
 command, a ``tfds:<index>`` record), decoded and cut to the item's segment."""
 
 from __future__ import annotations
@@ -13,12 +13,14 @@ from data_prep.readers.common import (
     CHANNEL_OUT_OF_RANGE,
     MISSING_AUDIO,
     SEGMENT_OUT_OF_RANGE,
+    TOO_LONG_AUDIO,
     UNDECODABLE_AUDIO,
     AudioError,
     Item,
 )
 from data_prep.readers.hf import HF_PREFIX, load_row_audio
-from data_prep.readers.kaldi import PIPE_NOT_ALLOWED, PIPE_PREFIX, load_pipe_audio
+from data_prep.readers.kaldi import PIPE_NOT_ALLOWED, load_pipe_audio
+from data_prep.readers.pipes import PIPE_NOT_IN_FORMAT, PIPE_PREFIX
 from data_prep.readers.textfiles import is_remote
 from data_prep.readers.tfds import TFDS_PREFIX, load_tfds_audio, tfds_source
 from data_prep.readers.webdataset import WDS_PREFIX, load_member_audio
@@ -44,16 +46,23 @@ def load_item_audio(item: Item, cfg: Any) -> tuple[np.ndarray, int]:
 def _load_segment(item: Item, cfg: Any) -> tuple[np.ndarray, int]:
     """An item's audio as ((N, C) float32, sample_rate), cut to its segment.
 
-    ``pipe:`` runs the command only when ``cfg.allow_pipes`` (whatever the reader did);
+    ``pipe:`` runs the command (without a shell) only when the reader marked it as one its
+    format defines (``item.pipe``) and ``cfg.allow_pipes`` (whatever the reader did);
     ``tfds:<index>`` reads the record from the dataset ``cfg`` names; ``wds:`` a member of
     a WebDataset shard; ``hf:`` a row of a Hugging Face dataset file; anything else is a
     file.
 
     Raises:
-      AudioError: with the skip reason (missing, undecodable, pipe_not_allowed, pipe_failed...).
+      AudioError: with the skip reason (missing, undecodable, pipe_not_in_format,
+        pipe_not_allowed, pipe_shell_syntax, pipe_failed...).
     """
     source = item.audio_path
     if source.startswith(PIPE_PREFIX):
+        if not item.pipe:  # a manifest's "pipe:..." path: data, not a command
+            raise AudioError(
+                PIPE_NOT_IN_FORMAT,
+                f"{source!r}: only Kaldi wav.scp and Lhotse command sources run commands",
+            )
         if not getattr(cfg, "allow_pipes", False):
             raise AudioError(PIPE_NOT_ALLOWED, f"{source!r} needs --allow_pipes")
         audio, rate = load_pipe_audio(source[len(PIPE_PREFIX) :])
@@ -77,7 +86,9 @@ def _load_segment(item: Item, cfg: Any) -> tuple[np.ndarray, int]:
         try:
             if (item.start != 0.0 or item.end is not None) and not is_remote(source):
                 return load_file_segment(source, item.start, item.end)
-            audio, rate = load_audio_file(source)
+            whole = item.start == 0.0 and item.end is None  # a segment may be short
+            limit = getattr(cfg, "max_duration", None) if whole else None
+            audio, rate = load_audio_file(source, limit)
         except AudioError:
             raise
         except FileNotFoundError as e:
@@ -87,11 +98,14 @@ def _load_segment(item: Item, cfg: Any) -> tuple[np.ndarray, int]:
     return cut_segment(audio, rate, item.start, item.end), rate
 
 
-def load_audio_file(path: str) -> tuple[np.ndarray, int]:
-    """Reads any libsndfile format as ((N, C) float32, sample_rate).
+def load_audio_file(path: str, max_seconds: float | None = None) -> tuple[np.ndarray, int]:
+    """Reads any libsndfile format as ((N, C) float32, sample_rate); a local file longer
+    than `max_seconds` by its header is refused before it is read (an hour-long file
+    decoded whole only to be skipped would take GBs).
 
     Raises:
       FileNotFoundError: no such file.
+      AudioError(TOO_LONG_AUDIO): longer than `max_seconds`.
       Exception: anything libsndfile cannot decode.
     """
     import soundfile as sf
@@ -107,6 +121,9 @@ def load_audio_file(path: str) -> tuple[np.ndarray, int]:
         if not os.path.isfile(path):
             raise FileNotFoundError(path)
         source = path
+        seconds = sf.info(path).duration if max_seconds is not None else 0.0
+        if max_seconds is not None and seconds > max_seconds:
+            raise AudioError(TOO_LONG_AUDIO, f"{seconds:.1f} s by its header: over {max_seconds} s")
     audio, sample_rate = sf.read(source, dtype="float32", always_2d=True)
     return audio, int(sample_rate)
 

@@ -19,6 +19,9 @@ SEGMENT_OUT_OF_RANGE = "segment_out_of_range"
 MISSING_TRANSCRIPT = "missing_transcript"  # Audio that no transcript line names.
 BAD_SEGMENT = "bad_offset_or_duration"  # A segment start < 0, duration <= 0, or not numbers.
 CHANNEL_OUT_OF_RANGE = "channel_out_of_range"  # A channel the audio does not have.
+# Audio longer than --max_duration by its file header, skipped unread (the key of
+# validate.TOO_LONG, which skips it when it is known only once decoded).
+TOO_LONG_AUDIO = "too_long"
 
 
 class PrepareError(Exception):
@@ -56,6 +59,9 @@ class Item(NamedTuple):
     # manifest reader reads them).
     phonemes: tuple[str, ...] | None = None
     phoneme_ends: tuple[float, ...] | None = None
+    # audio_path "pipe:<command>" is a command the input format defines (a Kaldi wav.scp
+    # "command |", a Lhotse command source): only such items run one (readers/pipes.py).
+    pipe: bool = False
 
 
 # Positions of items read from several files: file index * this + the item's place in its

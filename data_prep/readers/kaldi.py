@@ -8,7 +8,6 @@ import math
 import os
 import re
 import struct
-import subprocess
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
@@ -25,6 +24,14 @@ from data_prep.readers.common import (
     PrepareError,
     register_reader,
 )
+from data_prep.readers.pipes import (
+    PIPE_NOT_IN_FORMAT,
+    PIPE_PREFIX,
+    PIPE_SHELL_SYNTAX,
+    PipelineError,
+    parse_pipeline,
+    run_pipeline,
+)
 from data_prep.readers.textfiles import (
     is_dir,
     is_remote,
@@ -39,8 +46,6 @@ from data_prep.readers.textfiles import (
 KALDI_LINES_PER_CHUNK = 20_000  # Kaldi lines are short (~100 bytes): bigger chunks.
 PIPE_TIMEOUT_S = 300.0  # A wav.scp command that decodes one recording; minutes means stuck.
 
-PIPE_PREFIX = "pipe:"
-
 # Skip reasons (keys of prep_report.json["skipped"]).
 MALFORMED_TEXT = "malformed_text_line"  # Kaldi text.
 MALFORMED_WAV_SCP = "malformed_wav_scp_line"
@@ -52,7 +57,7 @@ DUPLICATE_WAV_SCP = "duplicate_wav_scp_entry"  # A second wav.scp line for one k
 DUPLICATE_SEGMENTS = "duplicate_segments_entry"  # A second segments line for one utterance.
 UNSUPPORTED_WAV_SCP = "unsupported_wav_scp_entry"  # ark offsets, stdin ("-").
 PIPE_NOT_ALLOWED = "pipe_not_allowed"  # A wav.scp command without --allow_pipes.
-PIPE_FAILED = "pipe_failed"  # A wav.scp command that exited non-zero or timed out.
+PIPE_FAILED = "pipe_failed"  # A command that could not start, exited non-zero or timed out.
 
 _ERRORS, _BY_UTT = "errors", "by_utt"  # Tagged outputs of the Kaldi parsers.
 _ARCHIVE_OFFSET = re.compile(r".*:[0-9]+")  # "raw.ark:1234": a byte offset into an archive.
@@ -83,11 +88,12 @@ _DUPLICATE_REASON = {"wav.scp": DUPLICATE_WAV_SCP, "segments": DUPLICATE_SEGMENT
 def parse_wav_scp_value(value: str, allow_pipes: bool, base_dir: str) -> tuple[str, str | None]:
     """A wav.scp rxfilename -> (audio_path, skip reason or None).
 
-    ``command |`` is a shell pipe whose stdout is the audio: ``pipe:command``, refused
-    (``pipe_not_allowed``) unless ``allow_pipes``. Kaldi's other extended forms, ``-`` (stdin)
-    and ``file:offset`` (a byte offset into an archive), are ``unsupported_wav_scp_entry``.
-    Anything else is a path (it may contain spaces); a relative one is resolved against
-    ``base_dir``.
+    ``command |`` is a pipe whose stdout is the audio: ``pipe:command``, refused
+    (``pipe_not_allowed``) unless ``allow_pipes``, and run without a shell (readers/pipes.py).
+    Kaldi's other extended forms, ``-`` (stdin) and ``file:offset`` (a byte offset into an
+    archive), are ``unsupported_wav_scp_entry``. Anything else is a path (it may contain
+    spaces); a relative one is resolved against ``base_dir``, and one that starts with
+    ``pipe:`` (a command only with ``|``) is ``pipe_not_in_format``.
     """
     value = value.strip()
     if value.endswith("|"):
@@ -99,6 +105,8 @@ def parse_wav_scp_value(value: str, allow_pipes: bool, base_dir: str) -> tuple[s
         return "", MALFORMED_WAV_SCP
     if value == "-" or _ARCHIVE_OFFSET.fullmatch(value):
         return value, UNSUPPORTED_WAV_SCP
+    if value.startswith(PIPE_PREFIX):  # kaldi_items marks only "|" commands as pipes
+        return value, PIPE_NOT_IN_FORMAT
     if is_remote(value) or os.path.isabs(value):
         return value, None
     return os.path.join(base_dir, value), None
@@ -253,6 +261,7 @@ def kaldi_items(
                 position=audio.line,
                 start=audio.start,
                 end=audio.end,
+                pipe=audio.path.startswith(PIPE_PREFIX),
             )
         return
     for text in texts:
@@ -269,6 +278,8 @@ def kaldi_items(
             position=text.line,
             start=start,
             end=end,
+            # A wav.scp command (parse_wav_scp_value gives any other "pipe:" an error).
+            pipe=path.startswith(PIPE_PREFIX),
         )
 
 
@@ -405,41 +416,26 @@ def fix_streamed_wav(data: bytes) -> bytes:
 
 
 def load_pipe_audio(command: str, timeout_s: float = PIPE_TIMEOUT_S) -> tuple[np.ndarray, int]:
-    """Runs a wav.scp shell command and decodes its stdout: ((N, C) float32, sample_rate).
-
-    The command gets its own process group, killed whole on timeout: ``subprocess.run`` kills
-    only the shell, and a still-running ``sox`` holding stdout would block it forever.
+    """Runs a wav.scp command (``a | b``, no shell: readers/pipes.py) and decodes its
+    stdout: ((N, C) float32, sample_rate).
 
     Raises:
-      AudioError(PIPE_FAILED): a non-zero exit status or a timeout (stderr's tail in the
-        message).
+      AudioError(PIPE_SHELL_SYNTAX): a command only a shell could run (``;``, ``$(...)``,
+        a redirection...).
+      AudioError(PIPE_FAILED): a program that cannot be started, a non-zero exit status
+        or a timeout (stderr's tail in the message).
       AudioError(UNDECODABLE_AUDIO): stdout is not a sound file.
     """
-    import signal
-
     import soundfile as sf
 
     try:
-        proc = subprocess.Popen(
-            command,
-            shell=True,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-        )
-    except OSError as e:
+        stages = parse_pipeline(command)
+    except ValueError as e:
+        raise AudioError(PIPE_SHELL_SYNTAX, f"{command!r}: {e}") from e
+    try:
+        stdout = run_pipeline(stages, timeout_s)
+    except PipelineError as e:
         raise AudioError(PIPE_FAILED, f"{command!r}: {e}") from e
-    with proc:
-        try:
-            stdout, stderr = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired as e:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-            raise AudioError(PIPE_FAILED, f"{command!r} timed out after {timeout_s} s") from e
-    if proc.returncode != 0:
-        tail = stderr.decode("utf-8", "replace").strip()[-500:]
-        raise AudioError(PIPE_FAILED, f"{command!r} exited with {proc.returncode}: {tail}")
     try:
         audio, rate = sf.read(io.BytesIO(fix_streamed_wav(stdout)), dtype="float32", always_2d=True)
     except Exception as e:  # libsndfile raises several types for undecodable input.

@@ -12,8 +12,8 @@ Files may be gzipped (``.gz``) or plain, local or Beam filesystem URLs. The mani
 parsed as JSON, not with the ``lhotse`` package (which imports PyTorch). Relative audio
 paths are relative to ``--lhotse_audio_root``, by default the current directory (where
 Lhotse resolves them). Audio sources: ``file``; ``url`` with a Beam filesystem scheme
-(``gs://``, ``s3://``); ``command`` as a Kaldi pipe (with ``--allow_pipes``). A channel
-list is averaged, as every multi-channel input is.
+(``gs://``, ``s3://``); ``command`` as a Kaldi pipe (with ``--allow_pipes``, no shell:
+readers/pipes.py). A channel list is averaged, as every multi-channel input is.
 
 Skipped and counted, with the shared reasons where they apply: a line that is not a
 manifest entry, a duplicated recording id, a supervision of an unknown recording, a
@@ -45,7 +45,7 @@ from data_prep.readers.common import (
     finite_number,
     register_reader,
 )
-from data_prep.readers.kaldi import PIPE_PREFIX
+from data_prep.readers.pipes import PIPE_NOT_IN_FORMAT, PIPE_PREFIX
 from data_prep.readers.textfiles import is_remote, local_path
 
 # Skip reasons (keys of prep_report.json["skipped"]).
@@ -112,6 +112,8 @@ def audio_source(
     kind, where = source.get("type"), source.get("source")
     if not isinstance(where, str) or not where:
         return MALFORMED
+    if kind in ("file", "url") and where.startswith(PIPE_PREFIX):
+        return PIPE_NOT_IN_FORMAT  # a name, not a command: _utterance marks only commands
     if kind == "file":
         path = where if is_remote(where) or os.path.isabs(where) else os.path.join(root, where)
     elif kind == "url" and is_remote(where) and not where.startswith(("http://", "https://")):
@@ -161,6 +163,7 @@ def _utterance(
         start=span[0],
         end=span[1],
         channels=columns,
+        pipe=path.startswith(PIPE_PREFIX),  # a command source (audio_source)
     )
 
 

@@ -43,6 +43,11 @@ AUDIO_EXTENSIONS = ("flac", "wav", "mp3", "ogg", "opus", "sph")
 # Skip reasons (keys of prep_report.json["skipped"]).
 UNREADABLE_SHARD = "unreadable_tar_shard"  # not a tar, or truncated: its rest is skipped
 MALFORMED_SAMPLE = "malformed_webdataset_sample"  # a json member that is not an object
+OVERSIZED_TEXT = "oversized_text_member"  # a txt or json member over MAX_TEXT_BYTES
+# A sample's transcript and metadata are read into memory (its audio stays in the shard):
+# members bigger than this (by their tar header) are not read. An utterance's are bytes
+# to kilobytes; 1 MiB is a book.
+MAX_TEXT_BYTES = 1 << 20
 
 
 def split_key(name: str) -> tuple[str, str]:
@@ -73,6 +78,8 @@ def shard_paths(pattern: str) -> list[str]:
 def _sample_item(shard: str, key: str, members: dict, position: int) -> Item:
     """One sample's Item from its members {ext: (TarInfo, bytes or None)}."""
     meta: dict[str, Any] = {}
+    if any(members[e][1] is None for e in ("json", "txt") if e in members):  # not read
+        return Item(key, "", None, NO_SPEAKER, error=OVERSIZED_TEXT, position=position)
     if "json" in members:
         try:
             meta = json.loads(members["json"][1].decode("utf-8"))
@@ -114,7 +121,7 @@ def read_shard(indexed: tuple[int, str]) -> Iterator[Item]:
                         members, position = {}, position + 1
                     key = k
                     # Transcripts and metadata are read now; audio stays in the shard.
-                    small = ext in ("txt", "json")
+                    small = ext in ("txt", "json") and info.size <= MAX_TEXT_BYTES
                     members[ext] = (info, tar.extractfile(info).read() if small else None)
     except (tarfile.TarError, OSError) as e:
         yield Item(f"{name}:{type(e).__name__}", "", None, NO_SPEAKER, UNREADABLE_SHARD, position)

@@ -478,6 +478,8 @@ def _load_noise(path: str, sample_rate: int) -> np.ndarray:
         mono = soxr.resample(mono, file_rate, sample_rate)
     if mono.shape[0] == 0:
         raise ValueError(f"noise file {path} contains no samples")
+    if not np.isfinite(mono).all():  # one NaN would make every noisy utterance's loss NaN
+        raise ValueError(f"noise file {path} has NaN or infinite samples")
     return np.ascontiguousarray(mono, dtype=np.float32)
 
 

@@ -208,6 +208,14 @@ def _conformer(c: ConfigDict) -> None:
     # dots (keep only weight-matmul outputs). A 144-dim model's activations fit in CPU
     # memory, so recomputation would only cost time.
     c.model.conformer.remat = "none"
+    # Position encoding of the self-attention: "rel" (Transformer-XL relative positions,
+    # ESPnet's and NeMo's default, the demo's measured recipe) or "rope" (rotary
+    # embeddings: no (B, H, T, T) positional bias, so cuDNN's fused kernel runs attention
+    # without one; NeMo's choice for fused attention).
+    c.model.conformer.pos_enc = "rel"
+    # Attention kernel: "auto" (cuDNN's fused attention on a GPU with bf16/f16 compute and
+    # a head dim cuDNN takes, XLA elsewhere), "cudnn" (fail if it cannot run) or "xla".
+    c.model.conformer.attention = "auto"
     # Streaming (see jaxspeech/models/conformer.py); all off: full context is the more
     # accurate model. causal: depthwise convolutions see only past frames.
     c.model.conformer.causal = False
@@ -222,7 +230,7 @@ def _conformer(c: ConfigDict) -> None:
 
 
 def _loss(c: ConfigDict) -> None:
-    c.loss = ConfigDict()  # the transducer's loss (CTC has no settings)
+    c.loss = ConfigDict()  # the transducer's loss, the CTC weight and the kernels
     # "pruned" (k2): a linear joiner bounds each frame to prune_range labels and the full
     # joiner runs only there; "full": the exact lattice, chunked (more memory and time).
     c.loss.rnnt = "pruned"
@@ -245,6 +253,12 @@ def _loss(c: ConfigDict) -> None:
     # only with lucky random draws (jaxspeech.training.step).
     c.loss.rnnt_encoder_warmup = True
     c.loss.frames_per_chunk = 16  # full loss: frames whose joiner logits exist at once
+    # The loss recursions: "xla" runs a loop iteration of several small kernels per frame
+    # (on a GPU ~8,400 launches for CTC + gradient at 64 x 16 s, ~15,600 for the pruned
+    # RNN-T's lattices), "pallas" one fused kernel each way (jaxspeech.losses.kernels;
+    # interpreted, slowly, on a CPU: for tests);
+    # "auto" = pallas when the step's devices are GPUs, xla otherwise.
+    c.loss.kernel = "auto"
 
 
 def _decoding(c: ConfigDict) -> None:
@@ -403,10 +417,12 @@ def _train(c: ConfigDict) -> None:
     # Steps with a non-finite loss or gradient are skipped; this many in a row means the
     # run diverged: stop with diagnostics rather than burn the allocation.
     c.train.max_nonfinite_steps = 10
-    # XLA executables persist here ({workdir} = the run directory; "" = off), so a restarted
-    # run loads its step instead of recompiling it (seconds to minutes per batch shape).
-    # Point several runs at one shared directory (gs:// on TPU) to share compilations.
-    c.train.compile_cache_dir = "{workdir}/compile_cache"
+    # XLA executables persist here ({cache} = the user's jaxspeech cache, $JAXSPEECH_CACHE
+    # or ~/.cache/jaxspeech; {workdir} = the run directory; "" = off), so a restarted run
+    # loads its step instead of recompiling it (seconds to minutes per batch shape). Runs
+    # share entries (keyed by the program). Not the run directory by default: the entries
+    # are native code that is run unchecked, and a run directory may come from elsewhere.
+    c.train.compile_cache_dir = "{cache}/jit"
     # One job per run directory: the trainer holds RUN/lease.json and renews it every tenth
     # of this; a lease not renewed for this long (its host died) may be taken over.
     c.train.lease_timeout_s = 300.0
@@ -432,6 +448,13 @@ def _monitor(c: ConfigDict) -> None:
     # Count each batch shape's model FLOPs (one extra lowering per shape, for the MFU
     # column); off = MFU is not reported, start-up is quicker (the tests turn it off).
     c.monitor.count_flops = True
+    # Where the metrics go besides RUN/metrics.jsonl: a comma list of "tensorboard",
+    # "mlflow", "wandb" (jaxspeech.metrics.trackers; endpoints and credentials from the
+    # environment: MLFLOW_TRACKING_URI, WANDB_API_KEY or WANDB_MODE=offline).
+    c.monitor.trackers = "tensorboard"
+    # Price of one device for an hour (any currency; 0 = off): the progress line, the
+    # metrics and the trackers report the price of an hour of audio trained.
+    c.monitor.device_hour_price = 0.0
 
 
 def _mesh(c: ConfigDict) -> None:

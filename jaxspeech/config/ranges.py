@@ -152,6 +152,7 @@ RANGES: dict[str, str] = {
     "monitor.peak_tflops": ">= 0",
     "monitor.samples_every": ">= 0",
     "monitor.num_samples": ">= 1",
+    "monitor.device_hour_price": ">= 0",
     "mesh.replica": "-1 or >= 1",
     "mesh.stage": "-1 or >= 1",
     "pipeline.microbatches": ">= 1",

@@ -31,7 +31,9 @@ from jaxspeech.data import mixing
 from jaxspeech.decoding import search
 from jaxspeech.errors import UserError
 from jaxspeech.losses import distill as distill_losses
-from jaxspeech.models import DTYPES, ENCODERS, asr
+from jaxspeech.losses.kernels import common as loss_kernels
+from jaxspeech.metrics import trackers
+from jaxspeech.models import DTYPES, ENCODERS, asr, attention_ops
 from jaxspeech.models.conformer import REMAT_POLICIES
 from jaxspeech.models.subsampling import SUBSAMPLING_FACTORS
 from jaxspeech.models.transducer import PREDICTORS
@@ -59,9 +61,12 @@ CHOICES: dict[str, tuple] = {
     "pipeline.schedule": pipeline.SCHEDULES,
     "model.dtype": tuple(DTYPES),
     "model.conformer.remat": tuple(REMAT_POLICIES),
+    "model.conformer.pos_enc": attention_ops.POSITION_ENCODINGS,
+    "model.conformer.attention": attention_ops.ATTENTION_IMPLS,
     "model.conformer.subsampling_factor": SUBSAMPLING_FACTORS,
     "model.transducer.predictor": PREDICTORS,
     "loss.rnnt": asr.RNNT_LOSSES,
+    "loss.kernel": loss_kernels.KERNEL_SETTINGS,
     "decoding.method": ("auto", *search.DECODERS),
     "distill.loss": distill_losses.LOSS_KINDS,
     "distill.rest": distill_losses.REST_MODES,
@@ -255,6 +260,7 @@ def _model(c: ConfigDict, report: Report) -> None:
     encoder_ok = _choice(c, "model.encoder", report)
     head_ok = _choice(c, "model.head", report)
     _choice(c, "model.dtype", report)
+    _choice(c, "loss.kernel", report)
     if encoder_ok and ranges.check(c, under(f"model.{m.encoder}."), report):
         (_conformer if m.encoder == "conformer" else _lstm)(c, report)
     if head_ok and "rnnt" in m.head.split("+"):
@@ -284,9 +290,31 @@ def _attention_decoder(c: ConfigDict, report: Report) -> None:
         )
 
 
+def _attention(c: ConfigDict, report: Report) -> None:
+    """An explicit attention kernel or position encoding the model cannot run."""
+    e = c.model.conformer
+    if not (
+        ranges.valid(c, "model.conformer.dim") and ranges.valid(c, "model.conformer.num_heads")
+    ):
+        return
+    head_dim = e.dim // e.num_heads
+    if e.get("pos_enc") == "rope" and head_dim % 2:
+        report(
+            f"model.conformer.pos_enc=rope needs an even head dim (dim / num_heads), got "
+            f"{e.dim} / {e.num_heads} = {head_dim}"
+        )
+    if e.get("attention") == "cudnn" and c.model.dtype in DTYPES:
+        why_not = attention_ops.cudnn_supports(DTYPES[c.model.dtype], head_dim)
+        if why_not:
+            report(f"model.conformer.attention=cudnn: {why_not} (model.dtype, dim / num_heads)")
+
+
 def _conformer(c: ConfigDict, report: Report) -> None:
     e = c.model.conformer
     _choice(c, "model.conformer.remat", report)
+    _choice(c, "model.conformer.pos_enc", report)
+    _choice(c, "model.conformer.attention", report)
+    _attention(c, report)
     _choice(c, "model.conformer.subsampling_factor", report)
     relations.subsampling(c, report)
     if e.dim % e.num_heads:
@@ -449,12 +477,14 @@ def _train(c: ConfigDict, report: Report) -> None:
     ranges.check(c, ["seed", *under("optim."), *under("train."), *under("monitor.")], report)
     _choice(c, "optim.name", report)
     _choice(c, "optim.decay", report)
+    for line in trackers.mistakes(c.monitor.trackers):
+        report(line)
     try:
-        str(c.train.compile_cache_dir).format(workdir="RUN")
+        str(c.train.compile_cache_dir).format(workdir="RUN", cache="CACHE")
     except (KeyError, IndexError, ValueError) as e:
         report(
-            f"train.compile_cache_dir may hold only the {{workdir}} placeholder, got "
-            f"{show(c.train.compile_cache_dir)} ({type(e).__name__}: {e})"
+            "train.compile_cache_dir may hold only the {workdir} placeholder and {cache}, "
+            f"got {show(c.train.compile_cache_dir)} ({type(e).__name__}: {e})"
         )
 
 

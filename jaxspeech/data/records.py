@@ -320,6 +320,8 @@ def read_split_index(data_dir: str, split: str) -> SplitIndex:
       FileNotFoundError: the split was never prepared (the message says how to prepare it).
       ValueError: index and durations disagree.
       StorageError: an object-store split that cannot be mirrored (one line).
+      UserError: the index names a file outside the split (absolute, `..`, or a symlink
+        leading out): a crafted dataset reads nothing of the user's.
     """
     data_dir = storage.local_data(data_dir, split)
     split_dir = os.path.abspath(os.path.join(data_dir, split))
@@ -331,9 +333,10 @@ def read_split_index(data_dir: str, split: str) -> SplitIndex:
         )
     with open(index_path, encoding="utf-8") as f:
         index = json.load(f)
-    durations = np.load(os.path.join(split_dir, DURATIONS_FILE), allow_pickle=False)
-    durations = durations.astype(np.float32, copy=False)
-    shard_paths = [os.path.join(split_dir, s["path"]) for s in index["shards"]]
+    # A split may come from elsewhere: every file it names stays inside it.
+    durations_path = files.inside(split_dir, DURATIONS_FILE, split_dir)
+    durations = np.load(durations_path, allow_pickle=False).astype(np.float32, copy=False)
+    shard_paths = [files.inside(split_dir, s["path"], index_path) for s in index["shards"]]
     shard_num_records = [int(s["num_records"]) for s in index["shards"]]
     if durations.shape != (index["num_records"],) or sum(shard_num_records) != durations.size:
         raise ValueError(

@@ -163,8 +163,9 @@ class Tokenizer:
 
         Raises:
           FileNotFoundError: no ``tokenizer.json`` (or its ``spm.model``) in ``directory``.
+          UserError: ``tokenizer.json`` names a model outside ``directory``.
         """
-        path = os.path.join(directory, CONFIG_FILE)
+        path = files.inside(directory, CONFIG_FILE, directory)
         if not os.path.isfile(path):
             raise FileNotFoundError(
                 f"no tokenizer at {path}; `python -m data_prep.prepare ... --split train` "
@@ -174,7 +175,8 @@ class Tokenizer:
             config = json.load(f)
         if config["kind"] == "char":
             return cls(kind="char", vocab=config["vocab"])
-        spm_path = os.path.join(directory, config.get("spm_model", SPM_FILE))
+        # A tokenizer may come with a dataset or run from elsewhere: its files stay in it.
+        spm_path = files.inside(directory, config.get("spm_model", SPM_FILE), path)
         if not os.path.isfile(spm_path):
             raise FileNotFoundError(f"{path} names a SentencePiece model but {spm_path} is missing")
         with open(spm_path, "rb") as f:

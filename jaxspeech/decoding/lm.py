@@ -64,6 +64,11 @@ class NgramLM:
             raise UserError(f"decoding.lm_path: no language model file at {path!r}")
         try:
             self._model = kenlm.Model(path)
+        except UnicodeDecodeError as e:  # KenLM reads a file without its binary header as text
+            raise UserError(
+                f"decoding.lm_path: {path!r} is not an ARPA text file (it holds bytes that "
+                "are not UTF-8 text) nor a KenLM binary"
+            ) from e
         except (OSError, RuntimeError) as e:
             raise UserError(f"decoding.lm_path: {path!r} is not an ARPA/KenLM file: {e}") from e
         self._kenlm = kenlm

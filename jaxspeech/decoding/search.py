@@ -20,6 +20,8 @@ the beam searches:
 
 from __future__ import annotations
 
+import math
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -45,6 +47,9 @@ BEAMS = ("ctc_beam", "rnnt_beam", "aed_beam", "aed_rescore")  # the searches tha
 # (benchmarks/lm_fusion.py, CTC prefix beam search of width 32, a trigram of the train
 # transcripts); retune them for another model or LM.
 LM_WEIGHT, WORD_BONUS = 1.2, 10.0
+# A beam search may take at most this share of the memory it runs in (`beam_mistake`):
+# the model, its encodings and the compiled programs need the rest.
+BEAM_MEMORY_SHARE = 0.5
 
 
 def decoding_method(config: ConfigDict) -> str:
@@ -93,6 +98,68 @@ def uses_lm(config: ConfigDict) -> bool:
             f"LM fusion needs one of {BEAMS}"
         )
     return True
+
+
+def beam_bytes(method: str, beam: int, vocab: int, rows: int, frames: int, symbols: int) -> int:
+    """Rough peak bytes of one batch's beam search beyond the model (its largest arrays):
+    `rows` utterances of up to `frames` encoder frames, K = `beam`, V = `vocab`, up to
+    `symbols` labels a frame (rnnt_beam).
+
+    rnnt_beam (on device): per expansion (B*K, V) log-probs and the K*V candidates' scores
+    and indices, the pairwise merge of equal hypotheses (B, K, K) (keys, done and score:
+    ~6 arrays), and the back-pointers and labels of every expansion (T*S, B, K) int32.
+    aed_beam / aed_rescore: the joint CTC prefix scorer's (B*K, ceil(1.5K), T, 2) float32
+    and the decoder's (B*K, V) log-probs. ctc_beam (host, one utterance at a time): the
+    K*V candidates of a frame.
+    """
+    k, n = beam, rows * beam
+    if method == "rnnt_beam":
+        return 12 * n * vocab + 24 * rows * k * k + 8 * frames * symbols * n
+    if method.startswith("aed"):
+        return 8 * n * math.ceil(1.5 * k) * frames + 8 * n * vocab
+    if method == "ctc_beam":
+        return 24 * k * vocab
+    return 0
+
+
+def memory_limit_bytes() -> int:
+    """The memory a search runs in: the first device's (its allocator's limit), or the
+    host's physical memory on a CPU backend (which reports none)."""
+    try:  # this process's own device: other processes' report nothing here
+        stats = jax.local_devices()[0].memory_stats() or {}
+    except jax.errors.JaxRuntimeError:  # a backend without memory statistics
+        stats = {}
+    if stats.get("bytes_limit"):
+        return int(stats["bytes_limit"])
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def beam_mistake(config: ConfigDict, vocab: int, limit_bytes: int) -> str:
+    """Why config.decoding.beam cannot run ('' if it can), checked before any work: a
+    search whose `beam_bytes` exceed `BEAM_MEMORY_SHARE` of `limit_bytes`. The batch is the
+    eval buckets' widest (data.batch_seconds over the shortest bucket) of their longest
+    utterances, in encoder frames at x4 subsampling (the least any encoder has: an
+    overestimate for x8). No bound by the vocabulary: prefix searches keep distinct label
+    sequences, which outnumber the labels after a few frames (a CTC beam of 32 over a
+    30-character vocabulary is usual)."""
+    method = decoding_method(config)
+    if method not in BEAMS:
+        return ""
+    beam = int(config.decoding.beam)
+    data = config.data
+    bounds = list(data.get("eval_bucket_boundaries") or data.bucket_boundaries)
+    rows = max(1, math.ceil(float(data.batch_seconds) / min(bounds)))
+    hop = int(config.features.hop_length) * 4
+    frames = math.ceil(max(bounds) * int(config.features.sample_rate) / hop)
+    symbols = int(config.decoding.get("max_symbols_per_frame", 1))
+    need = beam_bytes(method, beam, vocab, rows, frames, symbols)
+    if need > BEAM_MEMORY_SHARE * limit_bytes:
+        return (
+            f"decoding.beam {beam}: {method} would need about {need / 2**30:.1f} GiB for a "
+            f"batch of {rows} utterances of up to {max(bounds):g} s, over half of the "
+            f"{limit_bytes / 2**30:.1f} GiB it runs in; give a smaller beam"
+        )
+    return ""
 
 
 def make_decode_fn(graphdef, config: ConfigDict, blank_id: int) -> Callable:
@@ -321,13 +388,17 @@ class Searcher:
     once, here.
 
     Raises:
-      UserError: see `decoding.lm.NgramLM`. ValueError: see `uses_lm`.
+      UserError: see `decoding.lm.NgramLM`; a beam too wide for the memory
+        (`beam_mistake`). ValueError: see `uses_lm`.
     """
 
     def __init__(self, config: ConfigDict, tokenizer: Tokenizer, graphdef: Any = None):
         self.config, self.graphdef = config, graphdef
         self.blank_id = tokenizer.blank_id
         self.method = decoding_method(config)
+        mistake = beam_mistake(config, tokenizer.vocab_size, memory_limit_bytes())
+        if mistake:
+            raise UserError(mistake)
         self.fusion = fusion_from_config(config.decoding, tokenizer) if uses_lm(config) else None
 
     def bind(self, params: dict, model_vars: dict, with_frames: bool = False) -> Callable:

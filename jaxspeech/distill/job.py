@@ -17,7 +17,7 @@ from flax import nnx
 from jax.sharding import Mesh
 from ml_collections import ConfigDict
 
-from jaxspeech import storage
+from jaxspeech import files, storage
 from jaxspeech.data import pipeline as pipeline_lib
 from jaxspeech.data import reader as reader_lib
 from jaxspeech.data import records
@@ -377,7 +377,9 @@ def complete_marker(job: Job, shard: int) -> dict | None:
         ok = (
             pseudo is not None
             and pseudo["settings"] == job.pseudo_settings
-            and trecords.file_size(os.path.join(job.req.pseudo_split_dir, pseudo["path"]))
+            and trecords.file_size(
+                files.inside(job.req.pseudo_split_dir, pseudo["path"], path + trecords.DONE_SUFFIX)
+            )
             == pseudo["bytes"]
         )
     return marker if ok else None

@@ -196,7 +196,8 @@ class TargetsReader:
 
     def __init__(self, split_dir: str, summary: dict[str, Any]):
         self.summary = summary
-        self.paths = [os.path.join(split_dir, s["path"]) for s in summary["shards"]]
+        source = os.path.join(split_dir, SUMMARY_FILE)  # the shards it names stay inside
+        self.paths = [files.inside(split_dir, s["path"], source) for s in summary["shards"]]
         self.shard_num_records = [int(s["num_records"]) for s in summary["shards"]]
         self._reader = reader_lib.RecordReader(self.paths, self.shard_num_records)
 

@@ -68,7 +68,7 @@ def run_eval_config(
     config = loading.load_run_config(workdir)
     if method:
         config.decoding.method = method
-    if beam:
+    if beam is not None:  # 0 too: refused below (decoding.beam >= 1), not ignored
         config.decoding.beam = beam
     if max_corrupt_fraction is not None:
         config.data.max_corrupt_fraction = max_corrupt_fraction
@@ -94,7 +94,7 @@ def result_tag(
     config: ConfigDict, method: str | None, beam: int | None, decoding: dict | None = None
 ) -> str:
     """File-name tag of results decoded otherwise than the run's own config says."""
-    if not (method or beam or any(v is not None for v in (decoding or {}).values())):
+    if not (method or beam is not None or any(v is not None for v in (decoding or {}).values())):
         return ""
     tag = f"-{search.decoding_method(config)}-beam{config.decoding.beam}"
     dec = config.decoding

@@ -18,6 +18,11 @@ Pure functions:
   alignments (`rnnt_prune_ranges`); the full joiner runs only on those (B, T, R) cells and
   an alpha recursion over the windows themselves sums the alignments that stay inside.
 
+Two implementations of the recursions: kernel="xla" (the `lax.scan`s here; the CPU path
+and the reference) and kernel="pallas" (`jaxspeech.losses.kernels.rnnt`: each recursion
+one kernel launch, the gradient in closed form from alpha and beta; interpreted, slowly,
+off the GPU). The joiner and its log-softmax are XLA either way.
+
 Conventions (Graves 2012): alpha(0, 0) = 0; alpha(t, u) = logaddexp(alpha(t-1, u) +
 blank(t-1, u), alpha(t, u-1) + label(t, u-1)); -log P(y | x) = -(alpha(T-1, U) +
 blank(T-1, U)), with T and U the utterance's own frame and label counts.
@@ -30,9 +35,14 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-# A finite stand-in for log(0): -inf would make logaddexp's gradient 0/0 = NaN where both
-# arguments are impossible; this stays finite and far below any reachable log-probability.
-LOG_ZERO = -1e30
+from jaxspeech.losses.chunks import map_frame_chunks
+from jaxspeech.losses.kernels import common as kernels
+from jaxspeech.losses.kernels import rnnt as rnnt_kernel
+
+# A finite stand-in for log(0), shared with the kernels (defined there, as they are
+# imported here): -inf would make logaddexp's gradient 0/0 = NaN where both arguments are
+# impossible; this stays finite and far below any reachable log-probability.
+LOG_ZERO = rnnt_kernel.LOG_ZERO
 
 # joiner(enc (B, Tc, 1, D), pred (B, 1, U+1, D)) -> logits (B, Tc, U+1, V)
 Joiner = Callable[[jax.Array, jax.Array], jax.Array]
@@ -73,44 +83,8 @@ def rnnt_lattice_logprobs(
         label = jnp.take_along_axis(logits, jnp.broadcast_to(next_bu, (*lse.shape, 1)), -1)
         return blank, label[..., 0] - lse
 
-    blank, label = _map_frame_chunks(one_chunk, (enc_btd,), frames_per_chunk)
+    blank, label = map_frame_chunks(one_chunk, (enc_btd,), frames_per_chunk)
     return blank, label.at[:, :, -1].set(LOG_ZERO)
-
-
-def _map_frame_chunks(
-    fn: Callable[..., tuple[jax.Array, ...]],
-    inputs_bt: tuple[jax.Array, ...],
-    frames_per_chunk: int,
-) -> tuple[jax.Array, ...]:
-    """fn applied to Tc = min(frames_per_chunk, T) frames of every input at a time.
-
-    fn maps (B, Tc, ...) slices of the (B, T, ...) inputs to a tuple of (B, Tc, ...)
-    outputs, frame by frame (frame t's outputs depend on frame t's inputs only); the
-    result is the (B, T, ...) outputs. Each chunk is rematerialized in the backward pass
-    (`jax.checkpoint`), so only one chunk's intermediates exist at a time. Chunks are
-    sliced out of the inputs in place: stacking them (N, B, Tc, ...) would copy every
-    input, and again its gradient. The last chunk ends at frame T, overlapping its
-    predecessor when Tc does not divide T (no input padding, another copy); the overlap's
-    repeated outputs are dropped, so they get no gradient.
-    """
-    t = inputs_bt[0].shape[1]
-    tc = max(1, min(frames_per_chunk, t))
-    n = -(-t // tc)
-
-    @jax.checkpoint
-    def one_chunk(start: jax.Array) -> tuple[jax.Array, ...]:
-        return fn(*(jax.lax.dynamic_slice_in_dim(x, start, tc, axis=1) for x in inputs_bt))
-
-    starts = jnp.minimum(jnp.arange(n, dtype=jnp.int32) * tc, t - tc)
-    outputs = jax.lax.map(one_chunk, starts)  # each (N, B, Tc, ...)
-
-    def unchunk(y: jax.Array) -> jax.Array:
-        y = y.swapaxes(0, 1)  # (B, N, Tc, ...)
-        whole = y[:, :-1].reshape(y.shape[0], (n - 1) * tc, *y.shape[3:])
-        # The last chunk starts at T - Tc; its first n*Tc - T frames are repeats.
-        return jnp.concatenate([whole, y[:, -1, n * tc - t :]], axis=1)
-
-    return tuple(unchunk(y) for y in outputs)
 
 
 def _skew(x_btu: jax.Array) -> jax.Array:
@@ -154,6 +128,8 @@ def rnnt_loss_from_logprobs(
     label_btu: jax.Array,
     frames_b: jax.Array,
     label_len_b: jax.Array,
+    *,
+    kernel: str = "xla",
 ) -> jax.Array:
     """(B,) -log P(y | x) by the alpha recursion over anti-diagonals.
 
@@ -166,8 +142,13 @@ def rnnt_loss_from_logprobs(
       blank_btu, label_btu: (B, T, U+1) log-probabilities (`rnnt_lattice_logprobs`).
       frames_b: (B,) valid frames, 1 <= T_b <= T.
       label_len_b: (B,) label counts, 0 <= U_b <= U.
+      kernel: "xla" (the scans here) or "pallas" (`jaxspeech.losses.kernels.rnnt`; the
+        same values and gradients).
     """
-    return _nll(blank_btu.astype(jnp.float32), label_btu.astype(jnp.float32), frames_b, label_len_b)
+    blank, label = blank_btu.astype(jnp.float32), label_btu.astype(jnp.float32)
+    if kernels.use_pallas(kernel):
+        return rnnt_kernel.lattice_nll(blank, label, frames_b, label_len_b)
+    return _nll(blank, label, frames_b, label_len_b)
 
 
 @jax.custom_vjp
@@ -246,11 +227,12 @@ def rnnt_loss(
     *,
     blank_id: int = 0,
     frames_per_chunk: int = 16,
+    kernel: str = "xla",
 ) -> tuple[jax.Array, jax.Array]:
     """Per-utterance RNN-T negative log-likelihood and a validity mask.
 
-    Args: as `rnnt_lattice_logprobs`, plus enc_len_b (B,) valid frames and label_len_b
-      (B,) label counts.
+    Args: as `rnnt_lattice_logprobs`, plus enc_len_b (B,) valid frames, label_len_b
+      (B,) label counts and the recursion's `kernel` (`rnnt_loss_from_logprobs`).
     Returns:
       loss_b: (B,) float32, 0 where invalid.
       valid_b: (B,) bool: at least one frame and a finite loss. Unlike CTC, any label
@@ -260,7 +242,7 @@ def rnnt_loss(
         joiner, enc_btd, pred_bud, labels_bu, blank_id=blank_id, frames_per_chunk=frames_per_chunk
     )
     frames = jnp.maximum(enc_len_b, 1)
-    loss = rnnt_loss_from_logprobs(blank, label, frames, label_len_b)
+    loss = rnnt_loss_from_logprobs(blank, label, frames, label_len_b, kernel=kernel)
     valid = (enc_len_b >= 1) & jnp.isfinite(loss) & (loss < -0.5 * LOG_ZERO)
     return jnp.where(valid, loss, 0.0), valid
 
@@ -323,7 +305,11 @@ def rnnt_simple_logprobs(
 
 
 def _loss_and_occupation(
-    blank_btu: jax.Array, label_btu: jax.Array, frames_b: jax.Array, label_len_b: jax.Array
+    blank_btu: jax.Array,
+    label_btu: jax.Array,
+    frames_b: jax.Array,
+    label_len_b: jax.Array,
+    kernel: str = "xla",
 ) -> tuple[jax.Array, jax.Array]:
     """(-log P (B,), occupation (B, T, U+1)) from one forward and one backward recursion.
 
@@ -336,7 +322,7 @@ def _loss_and_occupation(
     """
 
     def loss(blank: jax.Array, label: jax.Array) -> jax.Array:
-        return rnnt_loss_from_logprobs(blank, label, frames_b, label_len_b)
+        return rnnt_loss_from_logprobs(blank, label, frames_b, label_len_b, kernel=kernel)
 
     sg = jax.lax.stop_gradient
     loss_b, pullback = jax.vjp(loss, sg(blank_btu), sg(label_btu))
@@ -378,6 +364,8 @@ def rnnt_prune_ranges(
     frames_b: jax.Array,
     label_len_b: jax.Array,
     prune_range: int,
+    *,
+    kernel: str = "xla",
 ) -> jax.Array:
     """Per-frame windows of R = min(prune_range, U+1) lattice rows holding most alignments.
 
@@ -394,10 +382,11 @@ def rnnt_prune_ranges(
       frames_b: (B,) valid frames, 1 <= T_b <= T.
       label_len_b: (B,) label counts, 0 <= U_b <= U.
       prune_range: R, rows kept per frame (>= 2 unless U = 0).
+      kernel: the recursions' implementation (`rnnt_loss_from_logprobs`).
     Returns:
       start_bt: (B, T) int32 s_t.
     """
-    _, occupation = _loss_and_occupation(blank_btu, label_btu, frames_b, label_len_b)
+    _, occupation = _loss_and_occupation(blank_btu, label_btu, frames_b, label_len_b, kernel)
     return _ranges_from_occupation(occupation, frames_b, label_len_b, prune_range)
 
 
@@ -412,10 +401,13 @@ def _window_logprobs(
     """(B, T', R) blank and next-label log-probs of the joiner on the window cells: frame t
     of enc_btd against predictor rows rows_btr[:, t] (gathered here, so that a chunk of
     frames holds only its own (B, T', R, D) rows)."""
-    batch = jnp.arange(enc_btd.shape[0])[:, None, None]
-    logits = joiner(enc_btd[:, :, None, :], pred_bud[batch, rows_btr]).astype(jnp.float32)
+    # Row gathers vmapped over the batch (gathers with a batching dim), not indexed with
+    # an arange over it: the SPMD partitioner keeps a batch-sharded predictor output on
+    # its devices for the former and all-gathers it onto every device for the latter.
+    rows = jax.vmap(lambda x, r: x[r])
+    logits = joiner(enc_btd[:, :, None, :], rows(pred_bud, rows_btr)).astype(jnp.float32)
     lse = jax.nn.logsumexp(logits, axis=-1)  # (B, T', R)
-    next_btr = next_bu[batch, rows_btr]
+    next_btr = rows(next_bu, rows_btr)
     label = jnp.take_along_axis(logits, next_btr[..., None], axis=-1)[..., 0]
     return logits[..., blank_id] - lse, label - lse
 
@@ -485,7 +477,7 @@ def _simple_lattice(
 
     if frames_per_chunk is None:
         return simple(am_in_btd)
-    return _map_frame_chunks(simple, (am_in_btd,), frames_per_chunk)
+    return map_frame_chunks(simple, (am_in_btd,), frames_per_chunk)
 
 
 def _pruned_lattice(
@@ -511,7 +503,7 @@ def _pruned_lattice(
 
     if frames_per_chunk is None:
         return window(enc_btd, rows_btr)
-    return _map_frame_chunks(window, (enc_btd, rows_btr), frames_per_chunk)
+    return map_frame_chunks(window, (enc_btd, rows_btr), frames_per_chunk)
 
 
 def _finite(loss_b: jax.Array) -> jax.Array:
@@ -533,6 +525,7 @@ def rnnt_pruned_loss(
     prune_range: int = 5,
     blank_id: int = 0,
     frames_per_chunk: int | None = 16,
+    kernel: str = "xla",
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Simple-joiner RNN-T loss and the full joiner's RNN-T loss restricted to pruned windows.
 
@@ -565,9 +558,11 @@ def rnnt_pruned_loss(
       prune_range: R, rows of the lattice kept per frame (>= 2).
       blank_id: the blank's index in the vocabulary.
       frames_per_chunk: Tc, frames whose (B, Tc, V) simple logits and (B, Tc, R, V) joiner
-        logits exist at one time (see `_map_frame_chunks`). None runs each on all frames
-        at once (as k2 does): more memory, for no reliable speed gain on CPU
-        (benchmarks/README.md).
+        logits exist at one time (see `jaxspeech.losses.chunks.map_frame_chunks`). None
+        runs each on all frames at once (as k2 does): more memory, for no reliable speed
+        gain on CPU (benchmarks/README.md).
+      kernel: "xla" or "pallas": the recursions of both lattices (the simple one's loss
+        and occupation, the windows'), as `rnnt_loss_from_logprobs`.
     Returns:
       simple_loss_b, pruned_loss_b: (B,) float32 -log P(y | x), 0 where invalid.
       valid_b: (B,) bool: at least one frame, and both losses finite (the pruned one is
@@ -580,11 +575,15 @@ def rnnt_pruned_loss(
     blank_s, label_s = _simple_lattice(
         simple_am, am_in_btd, lm_buv, labels_bu, blank_id, frames_per_chunk
     )
-    simple_loss, occupation = _loss_and_occupation(blank_s, label_s, frames, label_len_b)
+    simple_loss, occupation = _loss_and_occupation(blank_s, label_s, frames, label_len_b, kernel)
     start_bt = _ranges_from_occupation(occupation, frames, label_len_b, prune_range)
     blank_w, label_w = _pruned_lattice(
         joiner, enc_btd, pred_bud, labels_bu, start_bt, r, blank_id, frames_per_chunk
     )
-    pruned_loss = _window_loss(blank_w, label_w, start_bt, frames, label_len_b)
+    if kernels.use_pallas(kernel):
+        u1 = pred_bud.shape[1]
+        pruned_loss = rnnt_kernel.window_nll(blank_w, label_w, start_bt, frames, label_len_b, u1)
+    else:
+        pruned_loss = _window_loss(blank_w, label_w, start_bt, frames, label_len_b)
     valid = (enc_len_b >= 1) & _finite(simple_loss) & _finite(pruned_loss)
     return jnp.where(valid, simple_loss, 0.0), jnp.where(valid, pruned_loss, 0.0), valid

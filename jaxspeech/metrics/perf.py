@@ -171,6 +171,19 @@ def mfu(
     return flops_per_step / step_seconds / (num_devices * peak_per_device)
 
 
+def price_per_audio_hour(
+    device_hour_price: float, devices: int, audio_s: float, compute_s: float, goodput: float
+) -> float | None:
+    """What an hour of audio costs to train: devices x price of a device hour / audio
+    hours trained per wall hour. The rate is the steps' own (`audio_s` of audio in
+    `compute_s` of step compute) times `goodput` (the share of wall time spent in such
+    steps: compilation, data waits, evaluation and checkpoints cost too). None when
+    off (price 0) or not measured (no step compute yet)."""
+    if device_hour_price <= 0 or compute_s <= 0 or goodput <= 0 or audio_s <= 0:
+        return None
+    return devices * device_hour_price / (audio_s / compute_s * goodput)
+
+
 # ---------------------------------------------------------------------------
 # Goodput: where the wall time went.
 # ---------------------------------------------------------------------------

@@ -1,7 +1,9 @@
 """Metric logging: TensorBoard event files (tensorboardX, no TensorFlow) on process 0.
 
 Scalars, images (e.g. spectrograms from `jaxspeech.metrics.images`), audio (e.g.
-synthesized speech) and markdown text (e.g. reference vs hypothesis transcripts).
+synthesized speech) and markdown text (e.g. reference vs hypothesis transcripts). The
+experiment trackers of monitor.trackers (`jaxspeech.metrics.trackers`: MLflow, W&B) get
+the same scalars at the same steps, and the pictures, sounds and texts as files.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import jax
 import numpy as np
 
 from jaxspeech import files
+from jaxspeech.metrics import trackers as trackers_lib
+from jaxspeech.metrics.trackers import Trackers
 
 # tensorboardX writes events from a thread of its own; if a write fails (a full disk) the
 # thread dies, and the next `add_*` calls block forever on its bounded queue. The failure
@@ -70,22 +74,32 @@ class MetricWriter:
     metrics, one copy is enough.
     """
 
-    def __init__(self, logdir: str, jsonl_path: str | None = None):
+    def __init__(
+        self,
+        logdir: str,
+        jsonl_path: str | None = None,
+        *,
+        trackers: Trackers | None = None,
+        tensorboard: bool = True,
+    ):
         """Args:
         jsonl_path: also append every `scalars` call as one JSON line {"step", tag: value}
           (full float precision, for scripts and tests; appended, so a resumed run
           continues the same file).
+        trackers: experiment trackers fed the same values (process 0's; closed here).
+        tensorboard: False writes no event files (monitor.trackers without it).
         """
         self._writer = None
         self._jsonl = None
-        if jax.process_index() == 0:
+        self.trackers = trackers if jax.process_index() == 0 else None
+        if jax.process_index() == 0 and jsonl_path:
+            self._jsonl = open(jsonl_path, "a", encoding="utf-8")
+        if jax.process_index() == 0 and tensorboard:
             from tensorboardX import SummaryWriter
 
             os.makedirs(logdir, exist_ok=True)
             self._writer = SummaryWriter(logdir, flush_secs=30)
             _guard_queue(self._writer._get_file_writer().event_writer)
-            if jsonl_path:
-                self._jsonl = open(jsonl_path, "a", encoding="utf-8")
 
     def _event_thread(self) -> threading.Thread | None:
         writer = self._writer._get_file_writer() if self._writer is not None else None
@@ -103,50 +117,72 @@ class MetricWriter:
 
     def scalars(self, step: int, values: Mapping[str, float]) -> None:
         self.check()
-        if self._writer is None:
-            return
-        for k, v in values.items():
-            self._writer.add_scalar(k, float(v), global_step=step)
+        if self._writer is not None:
+            for k, v in values.items():
+                self._writer.add_scalar(k, float(v), global_step=step)
         if self._jsonl is not None:
             row = {"step": int(step)} | {k: float(v) for k, v in values.items()}
             files.append_line(self._jsonl, json.dumps(row))
+        if self.trackers is not None:
+            self.trackers.scalars(step, values)
 
     def image(self, step: int, tag: str, img_hwc_uint8: np.ndarray) -> None:
         """One (H, W, 3) uint8 RGB image (PNG-encoded in the event; needs Pillow)."""
         self.check()
-        if self._writer is None:
-            return
         img = np.asarray(img_hwc_uint8)
         # tensorboardX multiplies non-uint8 images by 255; refuse rather than guess.
         if img.ndim != 3 or img.shape[-1] != 3 or img.dtype != np.uint8:
             raise ValueError(f"image {tag!r} must be (H, W, 3) uint8, got {img.shape} {img.dtype}")
-        self._writer.add_image(tag, img, global_step=step, dataformats="HWC")
+        if self._writer is not None:
+            self._writer.add_image(tag, img, global_step=step, dataformats="HWC")
+        if self.trackers is not None:
+            data = trackers_lib.png_bytes(img)
+            self.trackers.artifact(step, tag, f"samples/{tag}-step{step}.png", data)
 
     def audio(self, step: int, tag: str, wave: np.ndarray, sample_rate: int) -> None:
         """One (S,) float waveform in [-1, 1] (clipped here: tensorboardX would print
         a warning for louder samples), played in TensorBoard's Audio tab at `sample_rate` Hz."""
         self.check()
-        if self._writer is None:
-            return
         wave = np.asarray(wave, np.float32)
         if wave.ndim != 1 or not np.all(np.isfinite(wave)):
             raise ValueError(f"audio {tag!r} must be finite (S,) samples, got {wave.shape}")
         clipped = np.clip(wave, -1.0, 1.0)
-        self._writer.add_audio(tag, clipped, global_step=step, sample_rate=int(sample_rate))
+        if self._writer is not None:
+            self._writer.add_audio(tag, clipped, global_step=step, sample_rate=int(sample_rate))
+        if self.trackers is not None:
+            data = trackers_lib.wav_bytes(clipped, sample_rate)
+            self.trackers.artifact(step, tag, f"samples/{tag}-step{step}.wav", data)
 
     def text(self, step: int, tag: str, markdown_text: str) -> None:
         """Markdown text (TensorBoard's Text tab shows it under `<tag>/text_summary`)."""
         self.check()
-        if self._writer is None:
-            return
-        self._writer.add_text(tag, markdown_text, global_step=step)
+        if self._writer is not None:
+            self._writer.add_text(tag, markdown_text, global_step=step)
+        if self.trackers is not None:
+            data = markdown_text.encode("utf-8")
+            self.trackers.artifact(step, tag, f"samples/{tag}-step{step}.md", data)
 
     def flush(self) -> None:
         self.check()
         if self._writer is not None:
             self._writer.flush()
 
-    def close(self) -> None:
+    def close_trackers(
+        self, ok: bool, timeout: float = trackers_lib.CLOSE_TIMEOUT_S
+    ) -> dict[str, dict[str, int]]:
+        """Ends the trackers' runs (`ok`: finished, else killed), waiting at most about
+        `timeout` s for each; prints each one's drop report. Returns {tracker: {"values",
+        "files"}} of those that dropped anything."""
+        if self.trackers is None:
+            return {}
+        for line in self.trackers.close(ok, timeout):
+            print(f"WARNING: {line}", flush=True)
+        dropped = {k: v for k, v in self.trackers.dropped().items() if any(v.values())}
+        self.trackers = None
+        return dropped
+
+    def close(self, ok: bool = True) -> None:
+        self.close_trackers(ok)
         thread = self._event_thread()
         if thread is not None and not thread.is_alive():
             self._writer = None  # its close would wait on the dead thread's queue

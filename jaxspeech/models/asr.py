@@ -126,11 +126,12 @@ class ASRModel(nnx.Module):
         label_len_b: jax.Array,
         *,
         blank_id: int,
+        kernel: str = "xla",
     ) -> tuple[jax.Array, jax.Array]:
-        """Encodings -> (B,) CTC negative log-likelihoods and (B,) feasibility."""
-        return ctc_loss(
-            self.ctc_logits(enc_btd), enc_len_b, labels_bu, label_len_b, blank_id=blank_id
-        )
+        """Encodings -> (B,) CTC negative log-likelihoods and (B,) feasibility (`kernel`:
+        "xla" or "pallas", `jaxspeech.losses.ctc.ctc_loss`)."""
+        logits = self.ctc_logits(enc_btd)
+        return ctc_loss(logits, enc_len_b, labels_bu, label_len_b, blank_id=blank_id, kernel=kernel)
 
     def forward_attention(
         self,
@@ -159,18 +160,20 @@ class ASRModel(nnx.Module):
         label_len_b: jax.Array,
         *,
         blank_id: int,
+        kernel: str = "xla",
     ) -> tuple[jax.Array, jax.Array]:
         """Encodings -> (B,) transducer loss of the simple joiner's acoustic half alone
         (k2's "am-only" lattice: logits = simple_am(enc), no label context) and (B,)
         finiteness. The predictor cannot lower it: only encodings that carry the labels
-        can, which makes it the encoder's first teacher when there is no CTC head."""
+        can, which makes it the encoder's first teacher when there is no CTC head.
+        `kernel`: the recursion's, "xla" or "pallas" (`rnnt.rnnt_loss_from_logprobs`)."""
         if self.transducer is None:
             raise ValueError(f"model head {self.head!r} has no transducer")
         am = self.transducer.simple_am(enc_btd).astype(jnp.float32)  # (B, T, V)
         no_context = jnp.zeros((am.shape[0], labels_bu.shape[1] + 1, am.shape[2]), am.dtype)
         blank, label = rnnt.rnnt_simple_logprobs(am, no_context, labels_bu, blank_id=blank_id)
         frames = jnp.maximum(enc_len_b, 1)
-        loss_b = rnnt.rnnt_loss_from_logprobs(blank, label, frames, label_len_b)
+        loss_b = rnnt.rnnt_loss_from_logprobs(blank, label, frames, label_len_b, kernel=kernel)
         ok_b = (enc_len_b >= 1) & jnp.isfinite(loss_b) & (loss_b < -0.5 * rnnt.LOG_ZERO)
         return jnp.where(ok_b, loss_b, 0.0), ok_b
 
@@ -185,12 +188,14 @@ class ASRModel(nnx.Module):
         rnnt_loss: str = "pruned",
         prune_range: int = 5,
         frames_per_chunk: int | None = 16,
+        kernel: str = "xla",
     ) -> tuple[dict[str, jax.Array], jax.Array]:
         """Encodings -> ({part: (B,) loss}, (B,) finite).
 
         "full": {"rnnt"}, the exact lattice. "pruned" (k2): {"rnnt_simple",
         "rnnt_pruned"}, the linear joiner's loss and the full joiner's on the windows it
         bounds (their weighting follows a warm-up schedule, so it is left to the caller).
+        `kernel`: the lattice recursions', "xla" or "pallas" (`jaxspeech.losses.rnnt`).
         """
         if self.transducer is None:
             raise ValueError(f"model head {self.head!r} has no transducer")
@@ -210,6 +215,7 @@ class ASRModel(nnx.Module):
                 label_len_b,
                 blank_id=blank_id,
                 frames_per_chunk=frames_per_chunk,
+                kernel=kernel,
             )
             return {"rnnt": loss_b}, ok_b
         simple_b, pruned_b, ok_b = rnnt.rnnt_pruned_loss(
@@ -225,6 +231,7 @@ class ASRModel(nnx.Module):
             prune_range=prune_range,
             blank_id=blank_id,
             frames_per_chunk=frames_per_chunk,
+            kernel=kernel,
         )
         return {"rnnt_simple": simple_b, "rnnt_pruned": pruned_b}, ok_b
 

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from flax import nnx, struct
 
 from jaxspeech.audio.features import floor_div
+from jaxspeech.models.attention_ops import POSITION_ENCODINGS
 from jaxspeech.models.layers import (
     ConvModule,
     Dropout,
@@ -28,6 +29,7 @@ from jaxspeech.models.layers import (
     FeedForward,
     LayerNorm,
     RelPositionAttention,
+    RotaryAttention,
     layer_stack,
     pipelined_stack,
 )
@@ -77,7 +79,12 @@ def draw_chunk_size(key: jax.Array, max_chunk: int, full_size: int) -> jax.Array
 
 
 class ConformerBlock(nnx.Module):
-    """One macaron Conformer block (pre-LN residuals, final LayerNorm)."""
+    """One macaron Conformer block (pre-LN residuals, final LayerNorm).
+
+    pos_enc: "rel" (Transformer-XL relative positions, `RelPositionAttention`) or "rope"
+    (rotary embeddings, `RotaryAttention`: no positional bias, so a fused kernel runs it);
+    attention: the kernel, "auto" | "cudnn" | "xla" (`attention_ops.resolve_attention`).
+    """
 
     def __init__(
         self,
@@ -88,11 +95,16 @@ class ConformerBlock(nnx.Module):
         dropout: float,
         *,
         causal: bool = False,
+        pos_enc: str = "rel",
+        attention: str = "auto",
         dtype: Dtype,
         rngs: nnx.Rngs,
     ):
+        if pos_enc not in POSITION_ENCODINGS:
+            raise ValueError(f"pos_enc must be one of {POSITION_ENCODINGS}, got {pos_enc!r}")
         self.ff1 = FeedForward(dim, ff_mult * dim, dropout, dtype=dtype, rngs=rngs)
-        self.attn = RelPositionAttention(dim, num_heads, dropout, dtype=dtype, rngs=rngs)
+        attn = RelPositionAttention if pos_enc == "rel" else RotaryAttention
+        self.attn = attn(dim, num_heads, dropout, dtype=dtype, rngs=rngs, attention=attention)
         self.conv = ConvModule(dim, conv_kernel, dropout, causal=causal, dtype=dtype, rngs=rngs)
         self.ff2 = FeedForward(dim, ff_mult * dim, dropout, dtype=dtype, rngs=rngs)
         self.norm = LayerNorm(dim, dtype=dtype, rngs=rngs)
@@ -173,6 +185,8 @@ class ConformerEncoder(nnx.Module):
         dynamic_chunk: bool = False,
         max_dynamic_chunk: int = 25,
         remat: str = "none",
+        pos_enc: str = "rel",
+        attention: str = "auto",
         pipeline_microbatches: int = 4,
         pipeline_repeats: int = 1,
         pipeline_gather_once: bool = True,
@@ -213,7 +227,16 @@ class ConformerEncoder(nnx.Module):
         self.pipeline_gather_once = pipeline_gather_once
         self.dtype = dtype
         make = lambda r: ConformerBlock(
-            dim, num_heads, ff_mult, conv_kernel, dropout, causal=causal, dtype=dtype, rngs=r
+            dim,
+            num_heads,
+            ff_mult,
+            conv_kernel,
+            dropout,
+            causal=causal,
+            pos_enc=pos_enc,
+            attention=attention,
+            dtype=dtype,
+            rngs=r,
         )
         self.blocks = layer_stack(make, num_layers, scan_layers, rngs, axis="layers")
 

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxspeech.models.attention_ops import fused_attention, resolve_attention, rotate
 from jaxspeech.parallel import pipeline, rules
 from jaxspeech.parallel.rules import constrain
 
@@ -203,42 +204,20 @@ def rel_shift(scores_bhtr: jax.Array) -> jax.Array:
     return jax.lax.slice_in_dim(shifted.reshape(b, h, t, r), 0, r - t + 1, axis=3)
 
 
-class RelPositionAttention(nnx.Module):
-    """Multi-head self-attention with relative positional encoding (Transformer-XL style).
-
-    score(i, j) = (q_i + u) . k_j + (q_i + v) . W_p p(i - j), as in ESPnet's and
-    NeMo's Conformer `rel_pos` attention.
-    """
-
-    def __init__(self, dim: int, num_heads: int, dropout: float, *, dtype: Dtype, rngs: nnx.Rngs):
-        if dim % num_heads:
-            raise ValueError(f"model dim {dim} is not divisible by num_heads {num_heads}")
-        k = dim // num_heads
-        init = logical_init(dense_init(), ("embed", "heads", "kv"))
-        self.wq = nnx.Param(init(rngs.params(), (dim, num_heads, k)))
-        self.wk = nnx.Param(init(rngs.params(), (dim, num_heads, k)))
-        self.wv = nnx.Param(init(rngs.params(), (dim, num_heads, k)))
-        self.wpos = nnx.Param(init(rngs.params(), (dim, num_heads, k)))
-        self.wo = nnx.Param(
-            logical_init(dense_init(2), ("heads", "kv", "embed"))(
-                rngs.params(), (num_heads, k, dim)
-            )
-        )
-        bias = logical_init(nnx.initializers.zeros, ("heads", "kv"))
-        self.pos_bias_u = nnx.Param(bias(rngs.params(), (num_heads, k)))
-        self.pos_bias_v = nnx.Param(bias(rngs.params(), (num_heads, k)))
-        self.norm = LayerNorm(dim, dtype=dtype, rngs=rngs)
-        self.dropout = Dropout(dropout)
-        self.dtype = dtype
-        self.dim = dim
+class _SelfAttention(nnx.Module):
+    """What the Conformer's self-attention modules share: the pre-LN projections, the
+    full-sequence and streaming calls, the softmax and the output projection. Subclasses
+    create the parameters (wq, wk, wv, wo, norm, dropout, dtype, attention) and define
+    `_attend`."""
 
     def __call__(
         self, x_btd: jax.Array, mask_bt: jax.Array, *, deterministic: bool, rngs: nnx.Rngs | None
     ) -> jax.Array:
-        """(B, T, D) -> (B, T, D). mask_bt: (B, T) valid keys, or (B, T, T) query x key
-        (e.g. a chunked-attention mask already combined with the valid keys)."""
+        """(B, T, D) -> (B, T, D). mask_bt: (B, T) valid keys (a length mask), or (B, T, T)
+        query x key (e.g. a chunked-attention mask already combined with the valid keys)."""
         q, k, v = self._project(x_btd)
-        return self._attend(q, k, v, mask_bt, deterministic=deterministic, rngs=rngs)
+        fused = resolve_attention(self.attention, self.dtype, q.shape[-1]) == "cudnn"
+        return self._attend(q, k, v, mask_bt, deterministic=deterministic, rngs=rngs, fused=fused)
 
     def stream(
         self,
@@ -273,6 +252,75 @@ class RelPositionAttention(nnx.Module):
         q, k, v = (constrain(a, ("batch", "time", "heads", "kv")) for a in (q, k, v))
         return q, k, v
 
+    def _softmax_context(
+        self,
+        scores_bhts: jax.Array,
+        v: jax.Array,
+        mask: jax.Array,
+        *,
+        deterministic: bool,
+        rngs: nnx.Rngs | None,
+    ) -> jax.Array:
+        """float32 (B, H, Tq, Tk) scores, masked, softmaxed, dropped out -> (B, Tq, H, K)."""
+        mask = mask[:, None, None, :] if mask.ndim == 2 else mask[:, None]
+        scores = jnp.where(mask, scores_bhts, -1e9)
+        probs = jax.nn.softmax(scores, axis=-1).astype(self.dtype)
+        probs = self.dropout(probs, deterministic=deterministic, rngs=rngs)
+        return jnp.einsum("bhts,bshk->bthk", probs, v)
+
+    def _output(
+        self, ctx_bthk: jax.Array, *, deterministic: bool, rngs: nnx.Rngs | None
+    ) -> jax.Array:
+        """(B, T, H, K) -> (B, T, D): the output projection and its dropout."""
+        out = jnp.einsum("bthk,hkd->btd", ctx_bthk, self.wo[...].astype(self.dtype))
+        return self.dropout(out, deterministic=deterministic, rngs=rngs)
+
+
+class RelPositionAttention(_SelfAttention):
+    """Multi-head self-attention with relative positional encoding (Transformer-XL style).
+
+    score(i, j) = (q_i + u) . k_j + (q_i + v) . W_p p(i - j), as in ESPnet's and
+    NeMo's Conformer `rel_pos` attention.
+
+    `attention` ("auto" | "cudnn" | "xla", `attention_ops.resolve_attention`): with cuDNN
+    the positional term enters the fused kernel as a (B, H, T, T) bias (its gradient is
+    written in the backward pass) and the attention probabilities get no dropout (the
+    output still does); streaming always runs XLA's.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        dropout: float,
+        *,
+        dtype: Dtype,
+        rngs: nnx.Rngs,
+        attention: str = "auto",
+    ):
+        if dim % num_heads:
+            raise ValueError(f"model dim {dim} is not divisible by num_heads {num_heads}")
+        k = dim // num_heads
+        init = logical_init(dense_init(), ("embed", "heads", "kv"))
+        self.wq = nnx.Param(init(rngs.params(), (dim, num_heads, k)))
+        self.wk = nnx.Param(init(rngs.params(), (dim, num_heads, k)))
+        self.wv = nnx.Param(init(rngs.params(), (dim, num_heads, k)))
+        self.wpos = nnx.Param(init(rngs.params(), (dim, num_heads, k)))
+        self.wo = nnx.Param(
+            logical_init(dense_init(2), ("heads", "kv", "embed"))(
+                rngs.params(), (num_heads, k, dim)
+            )
+        )
+        bias = logical_init(nnx.initializers.zeros, ("heads", "kv"))
+        self.pos_bias_u = nnx.Param(bias(rngs.params(), (num_heads, k)))
+        self.pos_bias_v = nnx.Param(bias(rngs.params(), (num_heads, k)))
+        self.norm = LayerNorm(dim, dtype=dtype, rngs=rngs)
+        self.dropout = Dropout(dropout)
+        self.dtype = dtype
+        self.dim = dim
+        resolve_attention(attention, dtype, k)  # an impossible explicit choice fails here
+        self.attention = attention
+
     def _attend(
         self,
         q: jax.Array,
@@ -282,9 +330,10 @@ class RelPositionAttention(nnx.Module):
         *,
         deterministic: bool,
         rngs: nnx.Rngs | None,
+        fused: bool = False,
     ) -> jax.Array:
         """(B, Tq, H, K) queries, (B, Tk, H, K) keys/values, the last Tq keys at the queries'
-        own positions; mask (B, Tk) or (B, Tq, Tk) -> (B, Tq, D)."""
+        own positions; mask (B, Tk) or (B, Tq, Tk) -> (B, Tq, D). `fused`: cuDNN's kernel."""
         dt = self.dtype
         tq, tk = q.shape[1], k.shape[1]
         # Distances Tk-1 .. -(Tq-1): for Tq = Tk this is relative_sinusoids(T).
@@ -293,16 +342,90 @@ class RelPositionAttention(nnx.Module):
             "rd,dhk->rhk", distance_sinusoids(dist, self.dim).astype(dt), self.wpos[...].astype(dt)
         )
         scale = 1.0 / math.sqrt(q.shape[-1])
-        ac = jnp.einsum("bthk,bshk->bhts", q + self.pos_bias_u[...].astype(dt), k)
         bd = rel_shift(jnp.einsum("bthk,rhk->bhtr", q + self.pos_bias_v[...].astype(dt), p))
+        if fused:
+            ctx = fused_attention(
+                q + self.pos_bias_u[...].astype(dt),
+                k,
+                v,
+                mask,
+                scale=scale,
+                bias_bhqs=(bd.astype(jnp.float32) * scale).astype(dt),
+            )
+            return self._output(ctx, deterministic=deterministic, rngs=rngs)
+        ac = jnp.einsum("bthk,bshk->bhts", q + self.pos_bias_u[...].astype(dt), k)
         scores = (ac.astype(jnp.float32) + bd.astype(jnp.float32)) * scale
-        mask = mask[:, None, None, :] if mask.ndim == 2 else mask[:, None]
-        scores = jnp.where(mask, scores, -1e9)
-        probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-        probs = self.dropout(probs, deterministic=deterministic, rngs=rngs)
-        ctx = jnp.einsum("bhts,bshk->bthk", probs, v)
-        out = jnp.einsum("bthk,hkd->btd", ctx, self.wo[...].astype(dt))
-        return self.dropout(out, deterministic=deterministic, rngs=rngs)
+        ctx = self._softmax_context(scores, v, mask, deterministic=deterministic, rngs=rngs)
+        return self._output(ctx, deterministic=deterministic, rngs=rngs)
+
+
+class RotaryAttention(_SelfAttention):
+    """Multi-head self-attention with rotary position embeddings (RoFormer; NeMo's
+    Conformer for fused attention): queries and keys are rotated by their positions
+    (`attention_ops.rotate`), so score(i, j) = q_i . k_j depends on i - j with no
+    positional bias, and cuDNN's fused kernel runs it without a (B, H, T, T) input.
+    `attention` as in `RelPositionAttention` (cuDNN: no dropout on the probabilities).
+    In a stream, the cached keys are stored unrotated and rotated with the window's
+    positions, so the distances are those of the full sequence.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        dropout: float,
+        *,
+        dtype: Dtype,
+        rngs: nnx.Rngs,
+        attention: str = "auto",
+    ):
+        if dim % num_heads:
+            raise ValueError(f"model dim {dim} is not divisible by num_heads {num_heads}")
+        k = dim // num_heads
+        if k % 2:
+            raise ValueError(
+                f"rotary embeddings need an even head dim, got {dim} / {num_heads} = {k}"
+            )
+        init = logical_init(dense_init(), ("embed", "heads", "kv"))
+        self.wq = nnx.Param(init(rngs.params(), (dim, num_heads, k)))
+        self.wk = nnx.Param(init(rngs.params(), (dim, num_heads, k)))
+        self.wv = nnx.Param(init(rngs.params(), (dim, num_heads, k)))
+        self.wo = nnx.Param(
+            logical_init(dense_init(2), ("heads", "kv", "embed"))(
+                rngs.params(), (num_heads, k, dim)
+            )
+        )
+        self.norm = LayerNorm(dim, dtype=dtype, rngs=rngs)
+        self.dropout = Dropout(dropout)
+        self.dtype = dtype
+        self.dim = dim
+        resolve_attention(attention, dtype, k)
+        self.attention = attention
+
+    def _attend(
+        self,
+        q: jax.Array,
+        k: jax.Array,
+        v: jax.Array,
+        mask: jax.Array,
+        *,
+        deterministic: bool,
+        rngs: nnx.Rngs | None,
+        fused: bool = False,
+    ) -> jax.Array:
+        """(B, Tq, H, K) queries, (B, Tk, H, K) keys/values, the last Tq keys at the queries'
+        own positions; mask (B, Tk) or (B, Tq, Tk) -> (B, Tq, D)."""
+        tq, tk = q.shape[1], k.shape[1]
+        pos_k = jax.lax.broadcasted_iota(jnp.int32, (tk,), 0)
+        q = rotate(q, pos_k[tk - tq :] if tq != tk else pos_k)
+        k = rotate(k, pos_k)
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        if fused:
+            ctx = fused_attention(q, k, v, mask, scale=scale)
+            return self._output(ctx, deterministic=deterministic, rngs=rngs)
+        scores = jnp.einsum("bthk,bshk->bhts", q, k).astype(jnp.float32) * scale
+        ctx = self._softmax_context(scores, v, mask, deterministic=deterministic, rngs=rngs)
+        return self._output(ctx, deterministic=deterministic, rngs=rngs)
 
 
 def depthwise_conv1d(

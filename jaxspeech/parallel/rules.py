@@ -198,6 +198,17 @@ def constrain(x: jax.Array, logical: Sequence[str | None]) -> jax.Array:
     return jax.lax.with_sharding_constraint(x, spec)
 
 
+def trace_platform() -> str:
+    """The platform of the devices the function being traced runs on: the mesh's (as the
+    train loop traces inside `jax.set_mesh`; a deviceless GPU plan's mesh is a GPU one
+    although the host's backend is the CPU), else the default backend's. What "auto"
+    settings (loss kernels, attention) choose by."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if not mesh.empty and mesh.abstract_device is not None:
+        return mesh.abstract_device.platform
+    return jax.default_backend()
+
+
 def map_batch_shards(fn, *args):
     """fn(*args) on each device's own rows of batch-leading arrays: `jax.shard_map` over the
     batch's mesh axes of the current mesh; plain fn(*args) outside a mesh, or when the

@@ -39,8 +39,15 @@ def install_assets(
     """
     split = config.data.train_split
     data_dir = storage.local_data(config.data.dir, TOKENIZER, split)  # a URL: its mirror
-    src_tok = os.path.join(data_dir, TOKENIZER)
-    stats_path = os.path.join(data_dir, split, "stats.json")
+    src_tok = files.inside(data_dir, TOKENIZER, data_dir)
+    split_dir = os.path.join(data_dir, split)
+    stats_path = files.inside(split_dir, "stats.json", split_dir)
+    check_tree(src_tok)  # copied into the run: nothing from outside the corpus comes along
+    if os.path.exists(src_tok) and not os.path.isdir(split_dir):  # a corpus, not that split
+        raise UserError(
+            f"data.dir={data_dir!r} has no split {split!r} (data.train_split); its prepared "
+            f"splits: {', '.join(prepared_splits(data_dir)) or 'none'}"
+        )
     for p in (src_tok, stats_path):
         if not os.path.exists(p):
             raise UserError(
@@ -63,6 +70,25 @@ def install_assets(
         )
     mean, std = feature_stats(config, os.path.join(assets, "stats.json"), stats_path)
     return dst_tok, mean, std
+
+
+def prepared_splits(data_dir: str) -> list[str]:
+    """The splits prepared in `data_dir`: its directories with an index.json, sorted."""
+    return sorted(
+        d for d in os.listdir(data_dir) if os.path.isfile(os.path.join(data_dir, d, "index.json"))
+    )
+
+
+def check_tree(root: str) -> None:
+    """Every file and directory under `root` lies inside it (`files.escape_reason`): a
+    symlink in a dataset from elsewhere cannot make a copy of it read the user's files.
+
+    Raises:
+      UserError: the first entry that leads out, named.
+    """
+    for path, dirs, names in os.walk(root):
+        for name in dirs + names:
+            files.inside(root, os.path.relpath(os.path.join(path, name), root), root)
 
 
 def feature_stats(config: ConfigDict, path: str, source: str) -> tuple[np.ndarray, np.ndarray]:

@@ -31,6 +31,7 @@ import hashlib
 import os
 import shutil
 import signal
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -145,16 +146,44 @@ class Preemption:
     `multihost_utils.reached_preemption_sync_point`). A single process has no notifier:
     it catches SIGTERM itself and stops after the step in flight. `reached` must be
     called once per step, by every process, from the same start step.
+
+    Ctrl-C (SIGINT) asks for the same stop (a multi-process run's process passes it to
+    the notifier as a SIGTERM of its own), with one line saying so, and `interrupted`
+    tells the trainer to end the run as `stopped`, not `preempted`. A second Ctrl-C, or
+    the first once `all_saved` is set (nothing left to lose), stops at once: `on_abort()`
+    returns the line to print (and records what it must), and the process exits with
+    code 130 without unwinding (no traceback, no thread pool left half shut down).
     """
 
-    def __init__(self):
+    def __init__(self, on_abort: Callable[[], str] | None = None):
         self._signal: int | None = None
-        self._previous = None
+        self._previous: dict[int, Any] = {}
+        self.interrupted = False
+        self.all_saved = False
+        self.on_abort = on_abort
         if jax.process_count() == 1:
-            self._previous = signal.signal(signal.SIGTERM, self._on_signal)
+            self._previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._on_signal)
+        self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._on_interrupt)
 
     def _on_signal(self, signum, frame) -> None:
         self._signal = signum
+
+    def _on_interrupt(self, signum, frame) -> None:
+        if self.interrupted or self.all_saved:
+            line = self.on_abort() if self.on_abort else "interrupted"
+            print(line, file=sys.stderr, flush=True)
+            sys.stdout.flush()
+            os._exit(130)
+        self.interrupted = True
+        print(
+            "train: interrupted (Ctrl-C): stopping once the step in flight is saved; "
+            "Ctrl-C again stops at once",
+            flush=True,
+        )
+        if jax.process_count() > 1:
+            os.kill(os.getpid(), signal.SIGTERM)  # JAX's notifier: all agree on a step
+        else:
+            self._signal = signum
 
     def reached(self, step: int) -> bool:
         if jax.process_count() > 1:
@@ -162,9 +191,37 @@ class Preemption:
         return self._signal is not None
 
     def close(self) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
-            self._previous = None
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous = {}
+
+
+def stop_line(step: int, interrupted: bool) -> str:
+    """What a run stopped by SIGTERM (`preempted`) or Ctrl-C after saving `step` prints."""
+    if interrupted:
+        return (
+            f"train: interrupted: stopped after step {step} and saved checkpoint {step}; "
+            "rerun the same command to resume"
+        )
+    return (
+        f"preempted: all processes stopped after step {step} and saved checkpoint {step}; "
+        "rerun the same command to resume"
+    )
+
+
+def abort_line(committed: int, all_saved: bool) -> str:
+    """What a run stopped at once by Ctrl-C prints (`committed`: where it resumes)."""
+    if all_saved:
+        return (
+            f"train: interrupted during the final evaluation; checkpoint {committed} is "
+            "saved: rerun the same command to evaluate it"
+        )
+    if not committed:
+        return "train: stopped at once (second Ctrl-C) before any checkpoint: rerun to start"
+    return (
+        "train: stopped at once (second Ctrl-C); the run resumes from checkpoint "
+        f"{committed}: rerun the same command"
+    )
 
 
 def all_processes(ok: bool) -> bool:

@@ -77,15 +77,20 @@ def one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first}"[:300]
 
 
-def record_failure(workdir: str, exc: BaseException) -> None:
-    """A `failed` event for an invocation that ends by an exception (process 0). On a full
-    disk it cannot be written: then the released lease tells `status` the run is dead."""
+def record_failure(workdir: str, exc: BaseException, step: int | None = None) -> None:
+    """A `failed` event for an invocation that ends by an exception (process 0), or a
+    `stopped` one (reason "interrupted", at the resume `step`) for a Ctrl-C, which is the
+    user's stop, not a failure. On a full disk it cannot be written: then the released
+    lease tells `status` the run is dead."""
     if jax.process_index() != 0 or not os.path.isdir(workdir):
         return
     try:
         log = EventLog(workdir)
         storage = files.storage_error(exc)
-        log.write("failed", error=f"storage: {storage}" if storage else one_line(exc))
+        if isinstance(exc, KeyboardInterrupt):
+            log.write("stopped", step=step, reason="interrupted")
+        else:
+            log.write("failed", error=f"storage: {storage}" if storage else one_line(exc))
         log.close()
     except OSError:
         pass

@@ -128,14 +128,21 @@ def read_lease(path: str) -> dict | None:
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether a process with `pid` exists on this host."""
+    """Whether a process with `pid` exists on this host and has not exited (a zombie, an
+    exited process its parent has not reaped, e.g. in a container whose first process
+    reaps none, is dead)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # exists, owned by another user
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rpartition(b")")[2].split()[0]  # the field after (comm)
+        return state not in (b"Z", b"X")
+    except (OSError, IndexError):  # no /proc (macOS): existing is all we know
+        return True
 
 
 def holder_state(lease: dict, now: float | None = None) -> tuple[bool, str]:
@@ -254,8 +261,12 @@ class Lease:
                     self.warn(f"WARNING: cannot renew the lease {self.path}: {e}")
                 failing = True
 
-    def check(self) -> None:
-        """Raises UserError once the lease was taken over (called between steps)."""
+    def check(self, step: int | None = None) -> None:
+        """Raises UserError once the lease was taken over (called between steps). `step`:
+        the job's progress, written with the next heartbeat (what `status` reports of a
+        running job)."""
+        if step is not None:
+            self.record["step"] = int(step)
         if self.lost:
             raise LeaseLost(f"this job no longer holds its run directory: {self.lost}")
 
@@ -292,12 +303,14 @@ def hold(directory: str, kind: str, timeout_s: float, warn: Callable[[str], None
 
 
 def lease_state(directory: str) -> dict:
-    """For `status`: {} when no lease exists, else {"holder": ..., "alive": bool, "why"}."""
+    """For `status`: {} when no lease exists, else {"holder": ..., "alive": bool, "why"},
+    and "step" when the holder reported its progress (`Lease.check`)."""
     held = read_lease(storage.join(directory, LEASE))
     if held is None:
         return {}
     alive, why = holder_state(held)
-    return {"holder": f"{held.get('host', '?')}:{held.get('pid', '?')}", "alive": alive, "why": why}
+    out = {"holder": f"{held.get('host', '?')}:{held.get('pid', '?')}", "alive": alive, "why": why}
+    return out | ({"step": held["step"]} if isinstance(held.get("step"), int) else {})
 
 
 @contextlib.contextmanager

@@ -28,7 +28,9 @@ A training job pushes after each checkpoint commit and evaluation, at most every
 pulls the store's copy over its local one: the store holds the run, and what a killed job
 appended after its last push is lost, like what a killed process had not yet flushed.
 Readers (evaluate, export, transcribe, status, distillation) pull into a private
-temporary copy, removed when they exit.
+temporary copy, removed when they exit. A pull writes only objects whose keys are plain
+relative paths inside the copy (storage.key_path: no ``..``, no absolute key); the others
+are named in one warning line, and what it removes are files found inside the copy.
 """
 
 from __future__ import annotations
@@ -113,14 +115,9 @@ class RunCopy:
             return self.local
         storage.check_bucket(self.url)
         listing = storage.list_files(self.url) if storage.exists(self.url) else {}
-        plain, logs = {}, {}
-        for name in listing:
-            head, sep, tail = name.rpartition(PARTS + "/")
-            if sep and tail.isdigit() and _pushed(head):
-                logs.setdefault(head, []).append(int(tail))
-            elif _pushed(name):
-                plain[name] = listing[name]
         os.makedirs(self.local, exist_ok=True)
+        plain, logs, refused = _classify(listing, self.local)
+        storage.warn_skipped_keys(self.url, refused)
         for name in _local_files(self.local):
             if name not in plain and name not in logs:
                 os.remove(os.path.join(self.local, *name.split("/")))
@@ -147,6 +144,8 @@ class RunCopy:
         return self.local
 
     def _path(self, name: str) -> str:
+        """The local path of a run file ``name``: a file found under ``local``, or a key
+        that ``_classify`` accepted."""
         return os.path.join(self.local, *name.split("/"))
 
     def _download(self, fs, source: str, name: str) -> None:
@@ -270,6 +269,37 @@ class RunCopy:
         return 0
 
 
+def _classify(
+    listing: dict[str, dict], local: str
+) -> tuple[dict[str, dict], dict[str, list[int]], dict[str, str]]:
+    """A run's objects (list_files) -> (whole files {name: meta}, logs {name: [part
+    offsets]}, refused {key: why}); objects that are not pushed (checkpoints, the lease)
+    are in none. A key that cannot be a path inside ``local`` (storage.key_path) is
+    refused, and so is a part not named by its 16-digit offset (the name a pull looks it
+    up by)."""
+    plain: dict[str, dict] = {}
+    logs: dict[str, list[int]] = {}
+    refused: dict[str, str] = {}
+    for name in sorted(listing):
+        head, sep, tail = name.rpartition(PARTS + "/")
+        is_part = bool(sep) and tail.isdigit()
+        target = head if is_part else name
+        if not _pushed(target):
+            continue
+        try:
+            storage.key_path(local, target)
+        except ValueError as e:
+            refused[name] = str(e)
+            continue
+        if is_part and len(tail) != 16:
+            refused[name] = "a log part not named by its 16-digit offset"
+        elif is_part:
+            logs.setdefault(head, []).append(int(tail))
+        else:
+            plain[name] = listing[name]
+    return plain, logs, refused
+
+
 def _writes(name: str, process: int) -> bool:
     """Whether process ``process`` of a training job is the writer of log ``name``: the
     per-process logs (``<dir>/p<i>.jsonl``) their process, the others process 0."""
@@ -310,13 +340,19 @@ def _remove_empty_dirs(root: str) -> None:
 
 def _cache_dir(url: str) -> str:
     """A training job's working copy: one per run and process (two processes of one job
-    on one host must not share it)."""
+    on one host must not share it).
+
+    Raises:
+      StorageError: a URL that cannot name a directory inside the cache (``..``: key_path).
+    """
     import jax
 
     scheme, rest = url.split("://", 1)
-    return os.path.join(
-        storage.cache_root(), "runs", f"p{jax.process_index()}", scheme, *rest.strip("/").split("/")
-    )
+    root = os.path.join(storage.cache_root(), "runs", f"p{jax.process_index()}", scheme)
+    try:
+        return storage.key_path(root, rest.strip("/"))
+    except ValueError as e:
+        raise storage.StorageError(f"{url}: not a usable run directory URL: {e}") from None
 
 
 def for_reading(workdir: str) -> RunCopy:

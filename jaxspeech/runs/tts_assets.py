@@ -28,6 +28,7 @@ from jaxspeech.data import reader as reader_lib
 from jaxspeech.data import records
 from jaxspeech.data.tts_batch import PhonemeTable, frame_f0, speaker_ids
 from jaxspeech.errors import UserError
+from jaxspeech.runs import crash
 from jaxspeech.runs.assets import ASSETS, feature_stats, wait_for
 
 INVENTORY_FILE = "phonemes.json"  # beside a split's index.json (data_prep.phoneme_fields)
@@ -65,7 +66,8 @@ def read_inventory(data_dir: str, split: str) -> list[str]:
     Raises:
       UserError: the split has no phoneme fields (`no_phonemes_message`).
     """
-    path = os.path.join(data_dir, split, INVENTORY_FILE)
+    split_dir = os.path.join(data_dir, split)
+    path = files.inside(split_dir, INVENTORY_FILE, split_dir)
     if not os.path.isfile(path):
         raise UserError(no_phonemes_message(data_dir, split))
     with open(path, encoding="utf-8") as f:
@@ -87,6 +89,7 @@ def split_speakers(data_dir: str, split: str) -> list[str]:
 def pitch_stats(data_dir: str, split: str, utterances: int, hop: int) -> tuple[float, float]:
     """(mean, std) of log F0 over the voiced frames (`tts_batch.frame_f0`) of `utterances`
     records evenly spaced over the split; (log 150 Hz, 0.25) when none is voiced."""
+    crash.phase("installing assets: pitch statistics")  # librosa's numba code runs here
     index = records.read_split_index(data_dir, split)
     n = min(utterances, index.num_records)
     positions = np.unique(np.linspace(0, index.num_records - 1, n).round().astype(int))
@@ -116,7 +119,8 @@ def install_tts_assets(config: ConfigDict, workdir: str, every_process: bool = F
     """
     split = config.data.train_split
     data_dir = storage.local_data(config.data.dir, split)
-    stats_path = os.path.join(data_dir, split, "stats.json")
+    split_dir = os.path.join(data_dir, split)
+    stats_path = files.inside(split_dir, "stats.json", split_dir)  # copied into the run
     if not os.path.isfile(stats_path):
         raise UserError(
             f"{stats_path} not found: data.dir={data_dir!r} is not a prepared corpus "

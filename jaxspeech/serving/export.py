@@ -49,7 +49,7 @@ from jaxspeech.models.inference import MIN_SECONDS, argument_specs, inference_fu
 from jaxspeech.parallel import rules
 from jaxspeech.runs import checkpoint as ckpt_lib
 from jaxspeech.runs import loading
-from jaxspeech.serving import quantize
+from jaxspeech.serving import artifact_dir, quantize
 
 FORMATS = ("stablehlo", "onnx")
 
@@ -57,7 +57,7 @@ FORMATS = ("stablehlo", "onnx")
 CALIBRATION_SECONDS = 4.0  # the longest int8 calibration window (quantize.calibration_windows)
 
 
-MANIFEST = "manifest.json"
+MANIFEST = artifact_dir.MANIFEST
 
 
 def _describe(names: list[str], avals) -> list[dict]:
@@ -372,15 +372,6 @@ def _manifest(
     }
 
 
-def publish(stage: str, output: str, manifest: dict) -> None:
-    """Writes `manifest` (with the list of every file) into the filled staging directory
-    `stage` (`files.staging_dir(output)`) and moves it into place at `output`."""
-    manifest["files"] = sorted(os.listdir(stage)) + [MANIFEST]
-    text = json.dumps(manifest, indent=1, default=str)
-    files.atomic_write(os.path.join(stage, MANIFEST), text)
-    files.replace_dir(stage, output)
-
-
 def export_run(
     workdir: str,
     output: str,
@@ -408,13 +399,18 @@ def export_run(
     (encoder frames) where the model's left context is unlimited (`left_chunks < 0`).
 
     Raises:
-      UserError: not a run, no checkpoint, an unknown format, a split that is not prepared.
+      UserError: not a run, no checkpoint, an unknown format, a split that is not prepared,
+        an --output holding files no export wrote (`artifact_dir.check_output`).
     """
     _check_format(fmt, int8, calibration_method)
-    _check_output(output)
+    artifact_dir.check_output(output)
     try:
         calib = read_calibration(calibration, calibration_utts) if int8 else None
         config = loading.load_run_config(workdir)
+        if "conformer" in config.model:
+            # One artifact for CPU, CUDA and TPU: cuDNN's fused attention (what "auto"
+            # picks on a GPU) lowers for CUDA only; XLA's computes the same function.
+            config.model.conformer.attention = "xla"
         check_stream_history(config, stream_history)
         if config.model.head == "aed" and fmt != "stablehlo":
             raise UserError(
@@ -441,28 +437,11 @@ def export_run(
             calibration_method,
             calibration_percentile,
         )
-        files.replace_dir(stage, output)
+        artifact_dir.publish(stage, output, manifest)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
     return manifest
-
-
-def _check_output(output: str) -> None:
-    """`output` must be a new or empty directory or an earlier export (which the new one
-    replaces whole).
-
-    Raises:
-      UserError: `output` is a file, or a directory holding other files.
-    """
-    if os.path.exists(output) and not os.path.isdir(output):
-        raise UserError(f"--output {output} is a file, not a directory")
-    if os.path.isdir(output) and os.listdir(output):
-        if not os.path.exists(os.path.join(output, MANIFEST)):
-            raise UserError(
-                f"--output {output} holds other files and no earlier export ({MANIFEST}); "
-                "choose a new or empty directory"
-            )
 
 
 def _write_artifact(
@@ -478,8 +457,8 @@ def _write_artifact(
     calibration_method: str,
     calibration_percentile: float,
 ) -> dict:
-    """Writes the artifact's files and manifest.json into the directory `output`; returns
-    the manifest."""
+    """Writes the artifact's files into the directory `output`; returns the manifest
+    (`artifact_dir.publish` writes it, with the list of files)."""
     sample_rate = int(config.features.sample_rate)
     fns = inference_functions(
         run.spec.graphdef,
@@ -510,7 +489,6 @@ def _write_artifact(
         "streaming": stream_section(fns, sample_rate),
         "attention_decoder": inference.attention_manifest(config.model.head, fmt == "stablehlo"),
     }
-    files.atomic_write(os.path.join(output, MANIFEST), json.dumps(manifest, indent=1, default=str))
     return manifest
 
 

@@ -4,6 +4,7 @@ undecoded (`longform.SpeechGate`), and a progress line for long files."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import TextIO
@@ -73,7 +74,9 @@ def transcribe_files(
     progress_min_s: float = PROGRESS_MIN_S,
 ) -> int:
     """Transcribe each file, `emit` each result (see `file_result`, or {"path", "error"});
-    returns the number of files that failed. With a `progress` stream, a file longer than
+    returns the number of files that failed (missing, not audio, or with NaN or infinite
+    samples). A result's "file_rate" is the file's own sample rate (another than the
+    model's is resampled). With a `progress` stream, a file longer than
     `progress_min_s` (by its header) gets a progress line there (`FileProgress`)."""
     batch = batch_size(batch, run.spec.mesh)
     decode = window_decoder(run, config, window_s)
@@ -91,12 +94,15 @@ def transcribe_files(
                 yield block
 
         bar = None
+        if not os.path.isfile(path):  # libsndfile would say only "System error"
+            failed += 1
+            emit({"path": path, "error": "not found" if not os.path.exists(path) else "not a file"})
+            continue
         try:
-            if progress is not None:
-                total_s = sf.info(path).duration
-                if total_s > progress_min_s:
-                    tty = hasattr(progress, "isatty") and progress.isatty()
-                    bar = FileProgress(path, total_s, progress, tty=tty)
+            info = sf.info(path)
+            if progress is not None and info.duration > progress_min_s:
+                tty = hasattr(progress, "isatty") and progress.isatty()
+                bar = FileProgress(path, info.duration, progress, tty=tty)
             found = longform.transcribe(
                 counted(longform.read_audio_blocks(path, rate)),
                 decode,
@@ -114,18 +120,24 @@ def transcribe_files(
             failed += 1
             emit({"path": path, "error": f"{type(e).__name__}: {e}"})
             continue
+        except longform.NonFiniteAudio as e:  # its words so far are dropped with it
+            failed += 1
+            emit({"path": path, "error": str(e).removeprefix(f"{path}: ")})
+            continue
         finally:
             if bar is not None:
                 bar.close()
-        emit(file_result(path, found, samples[0] / rate, time.perf_counter() - t0))
+        result = file_result(path, found, samples[0] / rate, time.perf_counter() - t0)
+        emit(dict(result, file_rate=int(info.samplerate)))
     return failed
 
 
 def file_result(path: str, found: longform.Transcript, seconds: float, took: float) -> dict:
     """One file's result: its "text", its "words" with "start" and "end" seconds, its
-    "seconds" of audio and "decode_seconds" of wall time; "skipped_silence_s": seconds
-    not decoded as silence; "dropped_words": the decoded words left out, each with its
-    decoder times and "reason" ("silence" or "too long", `longform.SpeechGate`)."""
+    "seconds" of audio and "decode_seconds" of wall time; "skipped_silence_s" and
+    "skipped_noise_s": seconds not decoded as silence or as steady noise;
+    "dropped_words": the decoded words left out, each with its decoder times and "reason"
+    ("silence" or "too long", `longform.SpeechGate`)."""
 
     def word(w: longform.Word) -> dict:
         return {"word": w.text, "start": round(w.start, 3), "end": round(w.end, 3)}
@@ -137,5 +149,6 @@ def file_result(path: str, found: longform.Transcript, seconds: float, took: flo
         "seconds": round(seconds, 3),
         "decode_seconds": round(took, 3),
         "skipped_silence_s": round(found.skipped_s, 3),
+        "skipped_noise_s": round(found.noise_s, 3),
         "dropped_words": [dict(word(d.word), reason=d.reason) for d in found.dropped],
     }

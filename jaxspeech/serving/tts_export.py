@@ -41,8 +41,8 @@ from jaxspeech.errors import UserError
 from jaxspeech.parallel import rules
 from jaxspeech.runs import checkpoint as ckpt_lib
 from jaxspeech.runs import loading, tts_loading
+from jaxspeech.serving import artifact_dir, onnx_check, tts_acoustic, vocoder_export
 from jaxspeech.serving import export as export_lib
-from jaxspeech.serving import onnx_check, tts_acoustic, vocoder_export
 from jaxspeech.tts import griffin_lim
 
 FORMAT_VERSION = 1  # readers check it; fields are only ever added within a version
@@ -85,7 +85,7 @@ def export_tts_run(
         raise UserError(f"unknown export format {fmt!r}: choose one of {export_lib.FORMATS}")
     if max_frames is not None and max_frames < 1:
         raise UserError(f"--max_frames must be >= 1, got {max_frames}")
-    export_lib._check_output(output)
+    artifact_dir.check_output(output)
     if vocoder_workdir is not None:
         config = load_config(workdir)
         vocoder_export.check_for_synthesizer(vocoder_workdir, config, workdir)
@@ -105,7 +105,7 @@ def export_tts_run(
             described |= more
         manifest = _manifest(fmt, described, run, workdir, frames, max_frames is None)
         manifest["vocoder"] = vocoder
-        export_lib.publish(stage, output, manifest)
+        artifact_dir.publish(stage, output, manifest)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise

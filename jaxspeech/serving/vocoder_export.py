@@ -39,8 +39,8 @@ from jaxspeech.parallel import rules
 from jaxspeech.runs import checkpoint as ckpt_lib
 from jaxspeech.runs import loading, vocoder_loading
 from jaxspeech.runs.vocoder_loading import VocoderRun
+from jaxspeech.serving import artifact_dir, onnx_check, tts_acoustic, vocoder_generator
 from jaxspeech.serving import export as export_lib
-from jaxspeech.serving import onnx_check, tts_acoustic, vocoder_generator
 
 FORMAT_VERSION = 1  # readers check it; fields are only ever added within a version
 NAME = vocoder_generator.NAME
@@ -70,13 +70,13 @@ def export_vocoder_run(
     """
     if fmt not in export_lib.FORMATS:
         raise UserError(f"unknown export format {fmt!r}: choose one of {export_lib.FORMATS}")
-    export_lib._check_output(output)
+    artifact_dir.check_output(output)
     run = load_run(workdir, step)
     stage = files.staging_dir(output)  # moved into place complete, as the recognizer's
     try:
         functions = export_functions(run, fmt, stage, onnx_python)
         manifest = _manifest(fmt, functions, run, workdir)
-        export_lib.publish(stage, output, manifest)
+        artifact_dir.publish(stage, output, manifest)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise

@@ -5,8 +5,8 @@ Files in the run directory:
 - RUN/events.jsonl: one JSON line per lifecycle event (process 0): started, resumed,
   initialized_from, checkpoint_saved, checkpoint_committed, checkpoint_corrupt,
   nonfinite_skip, records_skipped (unreadable records of a step, all processes),
-  corpus_damaged, evaluated, preempted, stopped, finished. Tools and tests read these,
-  not the console.
+  corpus_damaged, evaluated, preempted, stopped, tracker_drops (what an experiment
+  tracker did not take), finished. Tools and tests read these, not the console.
 - RUN/data_faults/p<process>.jsonl: the unreadable records a process met
   (`jaxspeech.runs.faults`).
 - RUN/batch_ids/p<process>.jsonl: each step's utterance ids (monitor.log_batch_ids).
@@ -72,12 +72,14 @@ def window_summary(
     lr: float,
     peak_flops: float | None,
     goodput: float,
+    device_hour_price: float = 0.0,
 ) -> tuple[dict[str, float], dict[str, float]]:
     """(TensorBoard scalars, figures for the console) of a logging window.
 
     `fetched`: the window's per-step metrics on the host; `times`: its goodput phases
     (`perf.Goodput.window()`, "wall" included). Losses and norms are means over the
     steps that updated (a skipped step's loss is not finite); counts are sums.
+    `device_hour_price` > 0: the price of an hour of audio trained too.
     """
     steps = len(fetched)
     good = [p for p in fetched if not p["nonfinite"]] or fetched
@@ -97,6 +99,9 @@ def window_summary(
             "mfu": perf.mfu(flops, times["compute"], jax.device_count(), peak_flops),
             "lr": lr,
             "goodput": goodput,
+            "price_per_audio_hour": perf.price_per_audio_hour(
+                device_hour_price, jax.device_count(), audio_per_s * wall, times["compute"], goodput
+            ),
         }
     )
     scalars = {f"train/loss_{k}": v for k, v in parts.items()} | {
@@ -133,6 +138,8 @@ def window_summary(
             scalars[name] = steps_sum if key == "sync_overflow" else m[key]
     if figures["mfu"] is not None:
         scalars["perf/mfu"] = figures["mfu"]
+    if figures["price_per_audio_hour"] is not None:
+        scalars["perf/price_per_audio_hour"] = figures["price_per_audio_hour"]
     return scalars, figures
 
 
@@ -148,6 +155,11 @@ def progress_line(done: int, num_steps: int, f: dict[str, float]) -> str:
         f"{f['wait_ms']:.0f} ms"
         + (f" | MFU {f['mfu']:.1%}" if f["mfu"] is not None else "")
         + f" | goodput {f['goodput']:.0%}"
+        + (
+            f" | {f['price_per_audio_hour']:.3g} per audio hour"
+            if f.get("price_per_audio_hour") is not None
+            else ""
+        )
     )
     if f["skipped_infeasible"] or f["skipped_label_overflow"] or f["skipped_corrupt"]:
         text += (

@@ -14,6 +14,7 @@ from ml_collections import ConfigDict
 
 from jaxspeech.losses import attention as attention_losses
 from jaxspeech.losses import distill as distill_losses
+from jaxspeech.losses.kernels import common as loss_kernels
 from jaxspeech.parallel import rules
 
 
@@ -127,6 +128,12 @@ def am_only_weight(loss_cfg: ConfigDict, step: jax.Array, has_ctc: bool) -> jax.
     return 1.0 - transducer_encoder_scale(loss_cfg, step)
 
 
+def loss_kernel(loss_cfg: ConfigDict) -> str:
+    """loss.kernel resolved for the devices the step is being traced for: "xla" or
+    "pallas" ("auto": pallas on GPUs; jaxspeech.losses.kernels.common)."""
+    return loss_kernels.resolve(loss_cfg.get("kernel", "auto"), loss_kernels.trace_platform())
+
+
 def combine_parts(parts: dict, loss_cfg: ConfigDict) -> jax.Array:
     """(B,) per-utterance objective from the heads' (B,) losses: ctc+aed ESPnet's joint
     ctc_weight * CTC + (1 - ctc_weight) * attention (both over the same token
@@ -164,7 +171,9 @@ def model_losses(
     weight = batch["weight"]
     parts, valid = {}, jnp.ones_like(weight, bool)
     if model.ctc is not None:
-        parts["ctc"], ctc_ok = model.forward_ctc(enc, enc_len, labels, label_len, blank_id=blank_id)
+        parts["ctc"], ctc_ok = model.forward_ctc(
+            enc, enc_len, labels, label_len, blank_id=blank_id, kernel=loss_kernel(loss_cfg)
+        )
         valid = valid & ctc_ok
     if model.transducer is not None:
         rnnt_parts, rnnt_ok = model.forward_transducer(
@@ -176,6 +185,7 @@ def model_losses(
             rnnt_loss=loss_cfg.rnnt,
             prune_range=loss_cfg.prune_range,
             frames_per_chunk=loss_cfg.frames_per_chunk,
+            kernel=loss_kernel(loss_cfg),
         )
         parts |= rnnt_parts
         if "rnnt_pruned" in parts:
@@ -185,7 +195,7 @@ def model_losses(
         am_w = am_only_weight(loss_cfg, step, model.ctc is not None)
         if am_w is not None:  # the encoder's first teacher when there is no CTC head
             parts["rnnt_am"], am_ok = model.forward_am_only(
-                enc, enc_len, labels, label_len, blank_id=blank_id
+                enc, enc_len, labels, label_len, blank_id=blank_id, kernel=loss_kernel(loss_cfg)
             )
             parts["rnnt"] = parts["rnnt"] + am_w * parts["rnnt_am"]
             valid = valid & am_ok

@@ -35,6 +35,7 @@ from jaxspeech.decoding import search
 from jaxspeech.distill import student
 from jaxspeech.errors import UserError
 from jaxspeech.evaluation import scoring as eval_lib
+from jaxspeech.losses.kernels import common as loss_kernels
 from jaxspeech.metrics.writers import MetricWriter
 from jaxspeech.runs import assets
 from jaxspeech.runs import checkpoint as ckpt_lib
@@ -147,7 +148,12 @@ class AsrTask:
 
     def describe_model(self, setup: state_lib.TrainSetup) -> str:
         m = self.config.model
-        return f"model: {m.encoder} encoder, {m.head} head, {m.dtype} compute, float32 parameters"
+        line = f"model: {m.encoder} encoder, {m.head} head, {m.dtype} compute, float32 parameters"
+        platform = self.mesh.devices.flat[0].platform
+        kernel = loss_kernels.resolve(self.config.loss.get("kernel", "auto"), platform)
+        if kernel == "pallas" and loss_kernels.interpret_on(platform):  # never silently
+            line += f"; loss.kernel=pallas runs interpreted on {platform} (slow: for tests)"
+        return line
 
     def train_step(self, setup: state_lib.TrainSetup) -> step_lib.StepFn:
         return step_lib.setup_train_step(

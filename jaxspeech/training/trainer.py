@@ -28,14 +28,15 @@ from jaxspeech.data import pipeline as pipeline_lib
 from jaxspeech.errors import TrainingDiverged, UserError
 from jaxspeech.evaluation import scoring as eval_lib
 from jaxspeech.metrics import perf
+from jaxspeech.metrics import trackers as trackers_lib
 from jaxspeech.metrics.writers import MetricWriter
 from jaxspeech.parallel import mesh as mesh_lib
 from jaxspeech.parallel import rules, sync
 from jaxspeech.runs import checkpoint as ckpt_lib
-from jaxspeech.runs import events, faults, remote
+from jaxspeech.runs import crash, events, faults, remote
 from jaxspeech.runs import lease as lease_lib
 from jaxspeech.runs.events import log
-from jaxspeech.training import monitor
+from jaxspeech.training import compile_cache, monitor
 from jaxspeech.training import state as state_lib
 from jaxspeech.training import step as step_lib
 from jaxspeech.training import task as task_lib
@@ -45,7 +46,7 @@ from jaxspeech.training.update import micro_batch_key, step_key
 def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
     """Trains `config` in `workdir` (resuming if it holds checkpoints); returns the final
     evaluation ({} when train.run_steps stopped early, {"preempted_at_step"} on
-    preemption)."""
+    preemption, {"interrupted_at_step"} after a Ctrl-C)."""
     validate(config, devices=jax.device_count())  # every mistake at once, before any work
     if storage.is_remote(config.data.dir):
         storage.check_bucket(config.data.dir)  # one line now, not after the model is built
@@ -76,7 +77,8 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
                 # A failure while training ends the run's invocation; one refused at
                 # start-up (a config or data mistake) leaves the run's state as it was.
                 if trainer is not None:
-                    events.record_failure(trainer.workdir, e)
+                    trainer.writer.close_trackers(ok=False, timeout=5.0)
+                    events.record_failure(trainer.workdir, e, trainer.committed)
                     trainer.push(final=True)
                 raise
 
@@ -99,15 +101,17 @@ class Trainer:
         tr = config.train
         os.makedirs(workdir, exist_ok=True)  # the lease made it on process 0's file system
         if tr.compile_cache_dir:
-            cache = tr.compile_cache_dir.format(workdir=os.path.abspath(workdir))
-            jax.config.update("jax_compilation_cache_dir", cache)
+            compile_cache.use(tr.compile_cache_dir, workdir)
         self.events = events.EventLog(workdir)
         log(
             f"devices: {jax.device_count()} x {jax.devices()[0].device_kind}, "
             f"{jax.process_count()} process(es); mesh {dict(mesh.shape)}"
         )
         self.task = task_lib.task_from_config(config, mesh)
+        crash.note_run(workdir)  # a native crash's log goes there; each phase names a step
+        crash.phase("installing assets")
         self.task.install_assets(workdir, self.copy.remote)
+        crash.phase("reading the data and building the model")
         self.init_data()
         self.init_model()
         self.ckpt = ckpt_lib.Checkpointer(
@@ -119,12 +123,14 @@ class Trainer:
             best=self.task.best_metric_name,
         )
         self.rng = np.asarray(jax.random.key_data(step_key(config.seed)))
+        crash.phase("restoring the checkpoint")
         self.start = self.restore()
         if jax.process_index() == 0:  # after the restore: a refused config must not replace it
             files.atomic_write(
                 os.path.join(workdir, "config.json"), config.to_json_best_effort(indent=1)
             )
-        self.preemption = ckpt_lib.Preemption()
+        self.committed = self.start  # where a restart would resume (Ctrl-C's line)
+        self.preemption = ckpt_lib.Preemption(on_abort=self.abort)
         self.train_step = step_lib.jit_train_step(
             self.setup, self.task.train_step(self.setup), self.task.batch_shardings(), donate=True
         )
@@ -163,9 +169,16 @@ class Trainer:
     def init_monitoring(self) -> None:
         """The metric writers, the task's samples and evaluation, MFU and goodput."""
         config, mon = self.config, self.config.monitor
+        names = trackers_lib.parse(mon.trackers)
+        trackers = None
+        if jax.process_index() == 0 and set(names) - {"tensorboard"}:
+            trackers = trackers_lib.open_trackers(mon.trackers, self.workdir, config.to_dict())
+            trackers.file(self.start, os.path.join(self.workdir, "config.json"), "config.json")
         self.writer = MetricWriter(
             os.path.join(self.workdir, "tensorboard"),
             jsonl_path=os.path.join(self.workdir, "metrics.jsonl"),
+            trackers=trackers,
+            tensorboard="tensorboard" in names,
         )
         self.task.init_monitoring(self.setup, self.writer)
         device_kind = jax.devices()[0].device_kind
@@ -256,7 +269,7 @@ class Trainer:
     def run(self) -> dict:
         """Train from the restored step to num_steps (or train.run_steps of them), then
         evaluate. Returns the final evaluation, {} when stopped early, or
-        {"preempted_at_step"}."""
+        {"preempted_at_step"} / {"interrupted_at_step"}."""
         tr, start, num_steps = self.config.train, self.start, self.num_steps
         spec, grad_accum = self.train_pipe.plan.spec, int(tr.grad_accum)
         log(
@@ -275,14 +288,14 @@ class Trainer:
         )
         self.pending, self.window_flops = [], 0.0
         self.nonfinite_run = self.nonfinite_total = 0
-        t_start, result = time.time(), {}
+        t_start = time.time()
         for step in range(start, stop):
             if self.lease is not None:
-                self.lease.check()  # taken over by another job: stop before writing more
+                self.lease.check(step)  # taken over by another job: stop before writing more
             done, local, eval_result = self.train_one(step, stop)
-            result = eval_result if done == num_steps and eval_result else result
             if self.preemption.reached(done):  # every process, every step
-                self.save(done, "preemption", eval_result)
+                why = "interrupted" if self.preemption.interrupted else "preemption"
+                self.save(done, why, eval_result)
                 self.note_committed()
                 return self.stop_preempted(done)
             why = "end of this run" if done in (num_steps, stop) else self.ckpt.due(done)
@@ -296,16 +309,16 @@ class Trainer:
         with self.goodput.phase("checkpoint"):
             self.ckpt.wait()
         self.note_committed()
-        self.preemption.close()
         if stop > start:
             self.log_totals(start, stop, t_start)
-        return self.finish(start, stop, result)
+        return self.finish(stop)
 
     def train_one(self, step: int, stop: int) -> tuple[int, dict, dict | None]:
         """One step: read the batch, run the compiled step, account faults and skipped
         steps, log, evaluate when due (before saving, so the checkpoint carries its WER
         for best-checkpoint keeping). Returns (steps done, the host batch, evaluation)."""
         tr, sr = self.config.train, self.config.features.sample_rate
+        crash.phase(f"step {step + 1}")
         with self.goodput.phase("data"):
             local = next(self.train_iter)
             host = pipeline_lib.pop_host_values(local)
@@ -335,22 +348,24 @@ class Trainer:
         if done % tr.log_every == 0 or done in (self.num_steps, stop):
             self.log_window(done, step)
         eval_result = None
-        if (tr.eval_every and done % tr.eval_every == 0 and done < self.num_steps) or (
-            done == self.num_steps and tr.eval_at_end
-        ):
+        if tr.eval_every and done % tr.eval_every == 0 and done < self.num_steps:
             eval_result = self.evaluate(done)
         return done, local, eval_result
 
-    def finish(self, start: int, stop: int, result: dict) -> dict:
+    def finish(self, stop: int) -> dict:
         """End of this invocation: stopped early ({}), or finished (the final evaluation,
-        rerun when the run was already finished)."""
+        after the last checkpoint committed: a Ctrl-C in it loses no step)."""
         num_steps = self.num_steps
         if stop < num_steps:
             log(f"stopping at step {stop} of {num_steps} (train.run_steps); rerun to resume")
             self.events.write("stopped", step=stop, num_steps=num_steps)
             self.close()
             return {}
-        if stop == start and self.config.train.eval_at_end:  # a finished run, rerun
+        result = {}
+        if self.config.train.eval_at_end:
+            if self.preemption.interrupted:  # Ctrl-C while the last save committed
+                return self.stop_preempted(num_steps)
+            self.preemption.all_saved = True  # a Ctrl-C now stops at once, losing nothing
             result = self.evaluate(num_steps)
         self.events.write(
             "finished",
@@ -367,6 +382,7 @@ class Trainer:
         key = tuple(batch["audio"].shape)
         if key not in self.compiled:
             config = self.config
+            crash.phase(f"compiling the step (step {step + 1})")
             with self.goodput.phase("compile"):
                 shapes = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in batch.items()}
                 with jax.set_mesh(self.mesh):
@@ -422,6 +438,7 @@ class Trainer:
             lr=float(self.setup.schedule(step)),
             peak_flops=self.peak,
             goodput=self.goodput.goodput(),
+            device_hour_price=self.config.monitor.device_hour_price,
         )
         self.writer.scalars(done, scalars)
         log(monitor.progress_line(done, self.num_steps, figures))
@@ -450,6 +467,7 @@ class Trainer:
         """The task's scores of each split of config.data.eval_split (WER/CER, or the
         synthesizer's losses and MCD), to RUN/eval/, TensorBoard and the console. Returns
         the first split's result: its `task.best_metric` ranks the checkpoints."""
+        crash.phase(f"evaluating step {step}")
         params = self.model_params()
         results = []
         for split in self.eval_splits:
@@ -457,7 +475,9 @@ class Trainer:
                 result = self.task.evaluate_split(
                     split, params, self.state.model_vars, self.eval_faults
                 )
-            eval_lib.write_result(self.workdir, result, step)
+            path = eval_lib.write_result(self.workdir, result, step)
+            if self.writer.trackers is not None:
+                self.writer.trackers.file(step, path, f"eval/{os.path.basename(path)}")
             self.push()
             self.writer.scalars(step, self.task.eval_scalars(result))
             log(self.task.describe_result(result, step))
@@ -495,6 +515,7 @@ class Trainer:
 
     def note_committed(self) -> None:
         committed = self.ckpt.committed()
+        self.committed = max([self.committed, *committed])
         for step in committed:
             self.events.write("checkpoint_committed", step=step)
         if committed:
@@ -516,18 +537,24 @@ class Trainer:
         with self.goodput.phase("checkpoint"):
             self.ckpt.wait()
         self.note_committed()
-        self.preemption.close()
-        self.events.write("preempted", step=done)
+        ctrl_c = self.preemption.interrupted  # the user's stop: `stopped`, not restarted
+        reason = {"reason": "interrupted"} if ctrl_c else {}
+        self.events.write("stopped" if ctrl_c else "preempted", step=done, **reason)
         self.close()
-        print(  # every process: each host's log shows where it stopped
-            f"preempted: all processes stopped after step {done} and saved checkpoint "
-            f"{done}; rerun the same command to resume",
-            flush=True,
-        )
-        return {"preempted_at_step": done}
+        print(ckpt_lib.stop_line(done, ctrl_c), flush=True)  # every process says where
+        return {"interrupted_at_step" if ctrl_c else "preempted_at_step": done}
+
+    def abort(self) -> str:
+        """A second Ctrl-C (the first in the final evaluation): its event and line."""
+        self.events.write("stopped", step=self.committed, reason="interrupted")
+        return ckpt_lib.abort_line(self.committed, self.preemption.all_saved)
 
     def close(self) -> None:
+        self.preemption.close()
         self.faults.log.close()
+        dropped = self.writer.close_trackers(ok=True)
+        if dropped:  # what `status` and tools read: the trackers miss these
+            self.events.write("tracker_drops", trackers=dropped)
         self.writer.close()
         self.ckpt.close()
         self.note_committed()

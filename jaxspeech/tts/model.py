@@ -20,8 +20,10 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
+from jaxspeech.errors import UserError
 from jaxspeech.models.conformer import ConformerBlock
 from jaxspeech.models.layers import (
     Dense,
@@ -134,6 +136,40 @@ def durations_from_log(
     return jnp.where(token_mask_bn, frames, zero(frames))
 
 
+def id_mistake(tokens_bn, speaker_b, vocab_size: int, num_speakers: int) -> str:
+    """The first phoneme id outside [0, vocab_size) or speaker id outside [0, num_speakers)
+    in (B, N) `tokens_bn` and (B,) `speaker_b` (host arrays), in words ('' if none).
+    Unchecked, `jnp.take` fills a phoneme or speaker past the table with NaN (0 frames of
+    output) and wraps a negative one round to the table's end (speaker -1: the last voice)."""
+    for name, ids, size in (
+        ("phoneme", tokens_bn, vocab_size),
+        ("speaker", speaker_b, num_speakers),
+    ):
+        ids = np.asarray(ids)
+        bad = (ids < 0) | (ids >= size)
+        if bad.any():
+            return (
+                f"{name} id {int(ids[bad].flat[0])} is out of range: valid ids are 0 to {size - 1}"
+            )
+    return ""
+
+
+def check_ids(tokens_bn, speaker_b, vocab_size: int, num_speakers: int) -> None:
+    """`id_mistake` as a UserError, for ids this process holds (under jit or export the
+    ids are symbolic and unchecked: the exported graph's own inputs are its caller's to
+    check).
+
+    Raises:
+      UserError: a phoneme or speaker id out of range.
+    """
+    for ids in (tokens_bn, speaker_b):
+        if isinstance(ids, jax.core.Tracer) or not getattr(ids, "is_fully_addressable", True):
+            return
+    mistake = id_mistake(tokens_bn, speaker_b, vocab_size, num_speakers)
+    if mistake:
+        raise UserError(mistake)
+
+
 class FastSpeech2(nnx.Module):
     """(B, N) token ids (padding id 0) and (B,) speaker ids -> (B, T, M) log-mel frames."""
 
@@ -189,6 +225,11 @@ class FastSpeech2(nnx.Module):
         self.mel_out = Dense(dim, n_mels, ("embed", "mel"), dtype=dtype, rngs=rngs)
         self.n_mels = n_mels
         self.dtype = dtype
+
+    @property
+    def id_ranges(self) -> tuple[int, int]:
+        """(phoneme ids, speaker ids): the sizes of the embedding tables."""
+        return self.token_embed.shape[0], self.speaker_embed.shape[0]
 
     def encode(
         self,
@@ -298,7 +339,13 @@ class FastSpeech2(nnx.Module):
 
         `durations_bn`: (B, N) int frames per token to use instead of the predicted ones
         (pitch and energy are still predicted): a recording's own timing, so that the
-        output lines up with it frame by frame (the evaluation's PESQ and F0 RMSE)."""
+        output lines up with it frame by frame (the evaluation's PESQ and F0 RMSE).
+
+        Raises:
+          UserError: a phoneme or speaker id out of range (`check_ids`; ids this process
+            holds, not traced ones).
+        """
+        check_ids(tokens_bn, speaker_b, *self.id_ranges)
         kw = dict(deterministic=True, rngs=None)
         h, mask = self.encode(tokens_bn, speaker_b, **kw)
         pred = self.predict_variances(h, mask, **kw)
@@ -325,4 +372,10 @@ def make_synthesize_fn(graphdef, max_frames: int) -> Callable:
         mel, mask, _ = model.synthesize(tokens, speaker, max_frames, durations_bn=durations)
         return mel, jnp.sum(mask, axis=1)
 
-    return synthesize
+    def checked(params, tokens, speaker, durations=None):
+        """Ids checked on the host first (`check_ids`: traced, they could not be)."""
+        sizes = (np.shape(params["token_embed"])[0], np.shape(params["speaker_embed"])[0])
+        check_ids(tokens, speaker, *sizes)
+        return synthesize(params, tokens, speaker, durations)
+
+    return checked

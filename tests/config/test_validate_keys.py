@@ -49,6 +49,7 @@ EXEMPT = {
 # what is bad (free text with a format, tuples, settings that clash with others).
 BAD: dict[str, list[tuple[object, str]]] = {
     "data.dir": [("", "must name a prepared corpus")],
+    "monitor.trackers": [(v, "distinct names out of") for v in ("comet", "mlflow,,mlflow")],
     "data.train_split": [("", "must name a split"), (" ", "must name a split")],
     "data.eval_split": [(v, "distinct names") for v in ("dev,dev", "", "dev,,test")],
     "data.loader_shards": [(-1, "must be 0 (one per process) or a multiple")],

@@ -31,6 +31,7 @@ from data_prep.readers.kaldi import (
     NO_WAV_SCP_ENTRY,
     PIPE_FAILED,
     PIPE_NOT_ALLOWED,
+    PIPE_NOT_IN_FORMAT,
     UNSUPPORTED_WAV_SCP,
     KaldiAudio,
     KaldiText,
@@ -196,6 +197,8 @@ def kaldi_plain(tmp_path_factory) -> str:
                 f"uB {b}".encode(),  # Line 8: a second entry for uB.
                 b"\xff\xfe wavs/x.wav",  # Line 9: no usable id.
                 b"uM",  # An id without audio.
+                f"uI cat {p} ; touch {root}/injected |".encode(),  # Refused: shell syntax.
+                f"uQ cat {p} | cat |".encode(),  # Two stages, connected without a shell.
                 b"",
             ]
         )
@@ -204,6 +207,7 @@ def kaldi_plain(tmp_path_factory) -> str:
     (data / "text").write_text(
         "uA hello a\nuB bee\nuC sea\nuP the pipe\nuF a failing pipe\nuK archive\n"
         "uN no audio entry\nuM malformed wav entry\nuA a second text line\n"
+        "uI an injection\nuQ two stages\n"
     )
     (data / "utt2spk").write_text("uA s1\nuB s1\nuC s2\nuP s2\nuX\n")  # Line 5: malformed.
     return str(root)
@@ -239,8 +243,9 @@ def _check_kaldi_plain_records(kaldi_plain: str, recs: dict[str, dict]) -> None:
 def test_kaldi_without_segments_pipes_refused(kaldi_plain, tmp_path):
     out = str(tmp_path / "out")
     report = _kaldi_plain_run(kaldi_plain, out)
-    assert _skipped(report) == {**KALDI_PLAIN_SKIPPED, "pipe_not_allowed": (2, ["uF", "uP"])}
-    assert report["num_input"] == 13 and report["num_written"] == 3
+    refused = (4, ["uF", "uI", "uP", "uQ"])
+    assert _skipped(report) == {**KALDI_PLAIN_SKIPPED, "pipe_not_allowed": refused}
+    assert report["num_input"] == 15 and report["num_written"] == 3
     _check_totals(report)
     recs = _records(out)
     assert sorted(recs) == ["uA", "uB", "uC"]
@@ -250,14 +255,20 @@ def test_kaldi_without_segments_pipes_refused(kaldi_plain, tmp_path):
 def test_kaldi_without_segments_pipes_allowed(kaldi_plain, tmp_path):
     out = str(tmp_path / "out")
     report = _kaldi_plain_run(kaldi_plain, out, "--allow_pipes")
-    assert _skipped(report) == {**KALDI_PLAIN_SKIPPED, "pipe_failed": (1, ["uF"])}
-    assert report["num_input"] == 13 and report["num_written"] == 4
+    assert _skipped(report) == {
+        **KALDI_PLAIN_SKIPPED,
+        "pipe_failed": (1, ["uF"]),
+        "pipe_shell_syntax": (1, ["uI"]),  # "cat p.wav ; touch injected |": nothing ran
+    }
+    assert report["num_input"] == 15 and report["num_written"] == 5
+    assert not os.path.exists(os.path.join(kaldi_plain, "injected"))
     _check_totals(report)
     recs = _records(out)
-    assert sorted(recs) == ["uA", "uB", "uC", "uP"]
+    assert sorted(recs) == ["uA", "uB", "uC", "uP", "uQ"]
     _check_kaldi_plain_records(kaldi_plain, recs)
     p = _int16(os.path.join(kaldi_plain, "wavs", "p.wav"))
     np.testing.assert_array_equal(recs["uP"]["audio"], p)
+    np.testing.assert_array_equal(recs["uQ"]["audio"], p)
     assert recs["uP"]["speaker"] == "s2" and recs["uP"]["text"] == "the pipe"
 
 
@@ -342,6 +353,7 @@ def test_kaldi_clear_errors(kaldi_segments, tmp_path):
         ("  |", ("", MALFORMED_WAV_SCP)),
         ("raw.ark:1234", ("raw.ark:1234", UNSUPPORTED_WAV_SCP)),
         ("-", ("-", UNSUPPORTED_WAV_SCP)),
+        ("pipe://x; touch y", ("pipe://x; touch y", PIPE_NOT_IN_FORMAT)),  # A name, no "|".
     ],
 )
 def test_parse_wav_scp_value(value, expected):
@@ -394,18 +406,22 @@ def test_pipe_audio_loading(tmp_path):
     path = _write(tmp_path / "x.wav", _tone(0.3, 8000, 1, channels=2), 8000)
     audio, rate = load_pipe_audio(f"cat {path}")
     assert rate == 8000 and audio.shape == (2400, 2)
-    item = Item("u", f"pipe:cat {path}", "t", "s", start=0.1, end=0.2)
+    item = Item("u", f"pipe:cat {path}", "t", "s", start=0.1, end=0.2, pipe=True)
     cfg = parse_args(["p", "--input", "i", "--output", "o", "--split", "s"])[0]
     with pytest.raises(AudioError) as e:
         load_item_audio(item, cfg)  # Refused by the loader too, whatever the reader.
     assert e.value.reason == PIPE_NOT_ALLOWED
-    cut, _ = load_item_audio(item, dataclasses.replace(cfg, allow_pipes=True))
+    allowed = dataclasses.replace(cfg, allow_pipes=True)
+    cut, _ = load_item_audio(item, allowed)
     np.testing.assert_array_equal(cut, audio[800:1600])
+    with pytest.raises(AudioError) as e:  # A reader that defines no commands: a name.
+        load_item_audio(item._replace(pipe=False), allowed)
+    assert e.value.reason == PIPE_NOT_IN_FORMAT
     for command, reason in [
-        ("echo oops >&2; exit 3", PIPE_FAILED),
+        ("sh -c 'echo oops >&2; exit 3'", PIPE_FAILED),  # A shell named: its script is data.
         ("echo not audio", UNDECODABLE_AUDIO),
     ]:
-        with pytest.raises(AudioError) as e:
+        with pytest.raises(AudioError, match="oops|output of") as e:
             load_pipe_audio(command)
         assert e.value.reason == reason
     with pytest.raises(AudioError, match="timed out") as e:

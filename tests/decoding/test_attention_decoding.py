@@ -42,7 +42,9 @@ def _decode(mesh_shape, method: str, with_frames: bool) -> list:
         state, setup = state_lib.init_train_state(
             config, VOCAB, mesh, np.full(80, -5.0), np.full(80, 3.0)
         )
-        searcher = search.Searcher(config, types.SimpleNamespace(blank_id=0), setup.spec.graphdef)
+        searcher = search.Searcher(
+            config, types.SimpleNamespace(blank_id=0, vocab_size=VOCAB), setup.spec.graphdef
+        )
         decode = search.make_decode_fn(setup.spec.graphdef, config, 0)
         audio, lengths = _audio()
         with jax.set_mesh(mesh):

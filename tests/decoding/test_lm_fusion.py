@@ -256,6 +256,10 @@ def test_ngram_lm_errors(tmp_path):
     bad.write_text("not a language model\n")
     with pytest.raises(UserError, match="not an ARPA"):
         NgramLM(str(bad))
+    binary = tmp_path / "model.bin"  # not KenLM's binary: read as text, not UTF-8
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(128, 256)) * 4)
+    with pytest.raises(UserError, match=rf"'{binary}' is not an ARPA text file .* KenLM binary"):
+        NgramLM(str(binary))
 
 
 def test_lm_needs_a_beam_search():

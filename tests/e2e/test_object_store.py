@@ -546,3 +546,61 @@ def test_a_local_run_copied_to_the_store_goes_on_there(store, tmp_path):
     again = remote.RunCopy(run, str(tmp_path / "again"))
     again.pull()
     assert (tmp_path / "again" / "events.jsonl").read_bytes() == want + b'{"event": "started"}\n'
+
+
+def test_keys_from_a_hostile_bucket_stay_inside_the_cache(store, tmp_path, capsys):
+    """Keys with '..' (aimed at a file of the user's beside the cache), an absolute key and
+    a log part misnamed: a split's mirror and a run's copy write none of them, and the
+    mirror's cleanup removes nothing outside it, even when its manifest (written before
+    keys were checked) names such a path. One warning line counts and names them."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine")
+    url = storage.join(store[0], "hostile", "train")
+    mirror = storage.cache_path(url)
+    escape = os.path.relpath(victim, mirror).replace(os.sep, "/")
+    assert escape.startswith("../") and storage.cache_root() not in str(victim)
+    fs, base = storage.filesystem(url)
+    objects = {
+        "index.json": b"{}",
+        "shards/a.array_record": b"records",
+        escape: b"evil",
+        "/" + str(tmp_path / "absolute.txt").lstrip("/"): b"evil",
+        "a/./b": b"evil",
+    }
+    for key, blob in objects.items():
+        fs.pipe_file(f"{base}/{key}", blob)
+    assert set(storage.list_files(url)) == set(objects)  # the server keeps them as given
+    os.makedirs(mirror, exist_ok=True)
+    meta = storage.list_files(url)[escape]
+    with open(os.path.join(mirror, ".store.json"), "w") as f:  # an old mirror's record
+        json.dump({escape: {**meta, "etag": "old"}, "../../../gone": meta}, f)
+    before = sorted(os.listdir(tmp_path))
+
+    local = storage.local_dir(url, storage.COMMIT_FILE)
+    assert open(os.path.join(local, "shards", "a.array_record"), "rb").read() == b"records"
+    warning = capsys.readouterr().out
+    assert "skipped 3 object(s) whose keys cannot be local paths" in warning
+    assert f"{escape!r} (a '..' segment)" in warning
+    fs.rm_file(f"{base}/{escape}")  # now stale on the store: the cleanup's turn
+    storage.local_dir(url, storage.COMMIT_FILE)
+    assert victim.read_text() == "mine" and sorted(os.listdir(tmp_path)) == before
+    assert json.load(open(os.path.join(local, ".store.json"))).keys() == {
+        "index.json",
+        "shards/a.array_record",
+    }
+
+    run = storage.join(store[0], "hostile", "run")
+    fs, base = storage.filesystem(run)
+    copy = tmp_path / "copy"
+    for key, blob in {
+        "config.json": b"{}",
+        f"events.jsonl.parts/{0:016d}": b'{"event": "started"}\n',
+        "../victim.txt": b"evil",
+        f"../victim.txt.parts/{0:016d}": b"evil",
+        "metrics.jsonl.parts/1": b"{}\n",  # before: a KeyError
+    }.items():
+        fs.pipe_file(f"{base}/{key}", blob)
+    remote.RunCopy(run, str(copy)).pull()
+    assert (copy / "events.jsonl").read_text() == '{"event": "started"}\n'
+    assert sorted(os.listdir(copy)) == ["config.json", "events.jsonl"]
+    assert victim.read_text() == "mine" and "skipped 3 object(s)" in capsys.readouterr().out

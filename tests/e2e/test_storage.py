@@ -17,6 +17,7 @@ from jaxspeech.errors import UserError
 from jaxspeech.runs import checkpoint as ckpt_lib
 from jaxspeech.runs import events, lease
 from jaxspeech.runs import status as status_lib
+from jaxspeech.serving import artifact_dir
 from jaxspeech.serving import export as export_lib
 from jaxspeech.training import trainer
 from tests.e2e.cli import tiny_config
@@ -63,7 +64,8 @@ def test_export_on_a_full_disk_leaves_the_previous_artifact(tiny_run, tmp_path, 
     workdir, _ = tiny_run
     out = tmp_path / "artifact"
     out.mkdir()
-    (out / export_lib.MANIFEST).write_text('{"earlier": true}')  # an earlier export
+    earlier = {"artifact": artifact_dir.ARTIFACT, "files": [export_lib.MANIFEST]}
+    (out / export_lib.MANIFEST).write_text(json.dumps(earlier))  # an earlier export
     real = files.atomic_write
 
     def full_disk(path, data):
@@ -76,14 +78,14 @@ def test_export_on_a_full_disk_leaves_the_previous_artifact(tiny_run, tmp_path, 
         export_lib.export_run(str(workdir), str(out), eval_split="")
     assert files.storage_error(e.value).startswith("no space left on device at ")
     assert os.listdir(out) == [export_lib.MANIFEST]
-    assert json.loads((out / export_lib.MANIFEST).read_text()) == {"earlier": True}
+    assert json.loads((out / export_lib.MANIFEST).read_text()) == earlier
     assert sorted(os.listdir(tmp_path)) == ["artifact"]  # no staging directory left
     (tmp_path / "afile").write_text("x")
     with pytest.raises(UserError, match="afile is a file, not a directory"):
         export_lib.export_run(str(workdir), str(tmp_path / "afile"))
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")
-    with pytest.raises(UserError, match="holds other files and no earlier export"):
+    with pytest.raises(UserError, match="holds files no export wrote: notes.txt;"):
         export_lib.export_run(str(workdir), str(tmp_path / "other"))
 
 

@@ -57,7 +57,11 @@ def test_transcribe_long_audio_in_windows(corpus, tiny_run, tmp_path):
     sf.write(tmp_path / "zeros.wav", np.zeros(40 * 16000), 16000)
     sf.write(tmp_path / "noise.flac", noise, 16000)  # PCM16: -60 dBFS is ~30 steps
     speech = _speech_then_silence(shards, tmp_path / "speech.wav", 40.0)
+    nan = np.zeros(2 * 16000, np.float32)
+    nan[20000] = np.nan
+    sf.write(tmp_path / "nan.wav", nan, 16000, subtype="FLOAT")
     names = ["long.wav", "broken.wav", "missing.flac", "zeros.wav", "noise.flac", "speech.wav"]
+    names.append("nan.wav")
     config = eval_run.run_eval_config(str(tiny_run[0]))
     results, progress = [], io.StringIO()
     # The tiny model (8 steps) spells a whole utterance as one word of up to 5 s.
@@ -75,12 +79,16 @@ def test_transcribe_long_audio_in_windows(corpus, tiny_run, tmp_path):
             gate=gate,
             progress=progress,
         )
-    assert failed == 2
+    assert failed == 3
     assert [r["path"] for r in results if "error" in r] == [
         str(tmp_path / "broken.wav"),
         str(tmp_path / "missing.flac"),
+        str(tmp_path / "nan.wav"),
     ]
     by_name = {r["path"].rsplit("/", 1)[1]: r for r in results}
+    assert by_name["missing.flac"]["error"] == "not found"  # not libsndfile's "System error"
+    assert by_name["nan.wav"]["error"].startswith("NaN or infinite samples (the first at 1.250 s)")
+    assert by_name["long.wav"]["file_rate"] == 22050 and by_name["speech.wav"]["file_rate"] == 16000
     _check_silence_and_speech(by_name, speech)
     # A progress line for the only file over a minute; plain lines (no terminal).
     lines = progress.getvalue().splitlines()

@@ -70,8 +70,10 @@ CASES = [  # (frames, labels) per utterance; padded to T=5, U=3, V=4
 ]
 
 
-@pytest.mark.parametrize("frames_per_chunk", [1, 2, 5])
-def test_values_and_gradients_match_enumeration(frames_per_chunk):
+@pytest.mark.parametrize(
+    "frames_per_chunk, kernel", [(1, "xla"), (2, "xla"), (5, "xla"), (2, "pallas")]
+)
+def test_values_and_gradients_match_enumeration(frames_per_chunk, kernel):
     b, t, u, v = len(CASES), 5, 3, 4
     rng = np.random.default_rng(0)
     logits = rng.standard_normal((b, t, u + 1, v)).astype(np.float32) * 2.0
@@ -92,6 +94,7 @@ def test_values_and_gradients_match_enumeration(frames_per_chunk):
             labels,
             label_len,
             frames_per_chunk=frames_per_chunk,
+            kernel=kernel,
         )
         return jnp.sum(loss), (loss, valid)
 

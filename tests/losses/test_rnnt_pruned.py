@@ -270,8 +270,10 @@ def test_wide_windows_match_full_enumeration():
         np.testing.assert_allclose(got[name][index], fd, rtol=1e-3, atol=1e-4)
 
 
-@pytest.mark.parametrize("frames_per_chunk, blank_id", [(None, 0), (4, 3)])
-def test_narrow_windows_match_windowed_enumeration(frames_per_chunk, blank_id):
+@pytest.mark.parametrize(
+    "frames_per_chunk, blank_id, kernel", [(None, 0, "xla"), (4, 3, "xla"), (4, 3, "pallas")]
+)
+def test_narrow_windows_match_windowed_enumeration(frames_per_chunk, blank_id, kernel):
     """R = 2 on a T=6, U=4 lattice: the pruned loss sums exactly the alignments that stay in
     the windows the ranges chose, and its gradient is theirs. (blank_id=3: tokens 0 and 3
     swap roles, for the blank's column in both the simple and the full lattice.)"""
@@ -301,6 +303,7 @@ def test_narrow_windows_match_windowed_enumeration(frames_per_chunk, blank_id):
             prune_range=r,
             blank_id=blank_id,
             frames_per_chunk=frames_per_chunk,
+            kernel=kernel,
         )
         return jnp.sum(loss), (loss, valid)
 

@@ -209,10 +209,18 @@ def _partial_length(t, factor, chunk):
 
 
 @pytest.mark.parametrize(
-    "factor,chunk,left,scan", [(4, 3, -1, False), (4, 2, 1, True), (8, 2, 2, True)]
+    "factor,chunk,left,scan,pos_enc",
+    [
+        (4, 3, -1, False, "rel"),
+        (4, 2, 1, True, "rel"),
+        (8, 2, 2, True, "rel"),
+        (4, 3, 1, True, "rope"),
+    ],
 )
-def test_stream_equals_masked_full_sequence(factor, chunk, left, scan):
-    kw = dict(subsampling_factor=factor, causal=True, chunk_size=chunk, left_chunks=left)
+def test_stream_equals_masked_full_sequence(factor, chunk, left, scan, pos_enc):
+    kw = dict(
+        subsampling_factor=factor, causal=True, chunk_size=chunk, left_chunks=left, pos_enc=pos_enc
+    )
     enc = _encoder(**kw)
     t = _partial_length(80 if factor == 4 else 120, factor, chunk)
     rng = np.random.default_rng(factor + chunk)

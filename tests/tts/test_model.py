@@ -270,3 +270,34 @@ def test_bad_configuration_is_refused():
             embed_kernel=4,
             rngs=nnx.Rngs(0),
         )
+
+
+def test_out_of_range_phoneme_and_speaker_ids_are_refused():
+    """Unchecked, a phoneme or speaker past its table synthesized 0 frames (jnp.take fills
+    NaN) and speaker -1 the last voice (it wraps): one line naming the id and the range,
+    eagerly and through the jitted `make_synthesize_fn` alike (checked before tracing)."""
+    from jaxspeech.errors import UserError
+    from jaxspeech.tts.model import id_mistake, make_synthesize_fn
+
+    ok = np.array([[1, 2, 0]], np.int32)
+    assert id_mistake(ok, np.array([SPEAKERS - 1]), VOCAB, SPEAKERS) == ""
+    cases = [
+        (ok, [-1], f"speaker id -1 is out of range: valid ids are 0 to {SPEAKERS - 1}"),
+        (ok, [SPEAKERS], f"speaker id {SPEAKERS} is out of range"),
+        (
+            [[1, VOCAB, 2]],
+            [0],
+            f"phoneme id {VOCAB} is out of range: valid ids are 0 to {VOCAB - 1}",
+        ),
+        ([[1, -3, 2]], [0], "phoneme id -3 is out of range"),
+    ]
+    model = nnx.eval_shape(_model)  # shapes only: the ids are refused before any compute
+    graphdef, params = nnx.split(model, nnx.Param)
+    fn = make_synthesize_fn(graphdef, 8)
+    for tokens, speaker, message in cases:
+        tokens, speaker = np.asarray(tokens, np.int32), np.asarray(speaker, np.int32)
+        assert id_mistake(tokens, speaker, VOCAB, SPEAKERS).startswith(message)
+        with pytest.raises(UserError, match=message):
+            model.synthesize(jnp.asarray(tokens), jnp.asarray(speaker), 8)
+        with pytest.raises(UserError, match=message):
+            fn(params, tokens, speaker)
