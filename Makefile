@@ -9,7 +9,7 @@ DEMO_RUN := runs/demo
 # Hours of synthetic speech: 9 since 2026-11-27 (configs/demo.py's short-utterance phase
 # and augmentation start were measured on them). DEMO_HOURS=3 (the default before; ~2 min
 # faster) was measured with DEMO_CONFIG="configs/demo.py --config.data.short_first_steps=0
-# --config.waveform_aug.start_epoch=3" (docs/results.md, 1a).
+# --config.waveform_aug.start_epoch=3" (docs/results/asr.md, 1a).
 DEMO_HOURS ?= 9.0
 DEMO_CONFIG ?= configs/demo.py
 DEMO_TOKENIZER ?= char
@@ -21,7 +21,7 @@ DEMO_NATURAL ?= 80
 # Share of the training utterances that speak a natural sentence (data_prep/demo/synth.py).
 # 0.5: natural speech far better than with the grammar only (0), the grammar's test split
 # a little worse; 0.25: natural speech worse, test about the same; 0.75: both worse
-# (docs/results.md, section 1a).
+# (docs/results/asr.md, section 1a).
 DEMO_NATURAL_SHARE ?= 0.5
 NATURAL_SPLITS := test_natural_clean test_natural_noisy
 # Beam of the evaluation with the trigram LM: 8 for the transducer (32: no better, and

@@ -40,7 +40,7 @@ synthesized and prepared first, as tests/e2e/conftest.py does (0.06 h, char toke
    `data.max_corrupt_fraction=0.2`: the unreadable records are skipped and counted.
 3. Verify: the final parameters (and feature statistics) of both runs, read with
    `jaxspeech.runs.loading.load_run`, equal bit for bit (every leaf: dtype, shape,
-   `np.array_equal` and the raw bytes), and `jaxspeech.training.monitor.read_batch_ids` gives the
+   `np.array_equal` and the raw bytes), and `jaxspeech.runs.events.read_batch_ids` gives the
    same utterance ids for every step 1..S (the same data order: nothing skipped or
    repeated across restarts); a step trained twice (before a kill and after it) must have
    read the same utterances both times. With damage: both runs skipped the same records

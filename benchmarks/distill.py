@@ -9,7 +9,7 @@ model.
    `--labeled` of the 48 (sorted by name; 12 = 25%) keep their transcripts (split
    `train_l25`), the other voices are the untranscribed audio (`train_u75`); both are
    prepared into the data directory with its tokenizer (`data_prep.prepare`).
-2. Runs `python -m jaxspeech.distill.targets` (top 4 of the 30 characters: with so small a
+2. Runs `python -m jaxspeech.teach` (top 4 of the 30 characters: with so small a
    vocabulary the reference's k = 20 would store more than full posteriors) with the
    teacher (the demo model, which was
    trained on every voice's transcripts: the reference's teacher is likewise trained on
@@ -40,7 +40,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from benchmarks.lib import environment, results  # noqa: E402
-from jaxspeech.runs import status as status_lib  # noqa: E402
+from jaxspeech.runs import lifecycle as status_lib  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
 LABELED, OTHER = "train_l25", "train_u75"
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> dict:
     targets_wall = None
     if not os.path.exists(summary_path):
         targets_wall = run(
-            "jaxspeech.distill.targets",
+            "jaxspeech.teach",
             f"--teacher={args.teacher}",
             f"--data={args.data}",
             f"--split={OTHER}",

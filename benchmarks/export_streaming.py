@@ -6,8 +6,8 @@ utterance, on a demo-size streaming Conformer-CTC.
 For each chunk size C (encoder frames per step; 40 ms each at x4 subsampling), the
 demo config's model made causal with chunked attention (C frames, 64 frames of
 history), randomly initialized (timings and equivalence do not depend on training),
-is exported with `jaxspeech.export.export_onnx` (float32) and run in onnxruntime on
-`--seconds` of noise:
+is exported with `jaxspeech.serving.recognizer_export.export_onnx` (float32) and run in
+onnxruntime on `--seconds` of noise:
 
 - streamed: `stream_first`, every `stream_step`, `stream_flush`; the median time of one
   `stream_step` after a warm-up, the audio it covers, its real-time factor, and the
@@ -34,7 +34,8 @@ from flax import nnx
 
 from configs import demo
 from jaxspeech.config import build
-from jaxspeech.serving import export as export_lib
+from jaxspeech.serving import recognizer_export as export_lib
+from jaxspeech.serving import staging
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:  # `benchmarks.lib` from this checkout when run as a script
@@ -66,7 +67,7 @@ def export_streaming_model(chunk: int, output: str) -> dict:
         stats,
         RATE,
         output,
-        export_lib.default_onnx_python(),
+        staging.default_onnx_python(),
     )
 
 

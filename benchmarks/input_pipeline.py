@@ -15,7 +15,7 @@ in one run on the current machine:
   store                 the same corpus uploaded to an S3 server on 127.0.0.1 (moto's,
                         benchmarks/lib/store_servers.py) and read from it the way training
                         reads a `data.dir=s3://...`: the split mirrored into the local cache
-                        (jaxspeech.storage, MB/s and audio s/s of the download), then the
+                        (jaxspeech.common.storage, MB/s and audio s/s of the download), then the
                         loader on the mirror, beside the loader on the disk copy;
   loader_speed_only     the loader with speed perturbation only (no noise, no reverb);
   per_host_projection   the one-process loader rates (one core) times 16 cores, against
@@ -189,7 +189,7 @@ def _time_train_step(config, data_dir: str, spec, num_steps: int) -> dict:
 def time_store(data_dir: str, spec, seed: int, num_batches: int, sample_rate: int, **kw) -> dict:
     """Uploads ``data_dir``'s train split and tokenizer to a fresh local S3 server, mirrors
     them into an empty cache as a training job does, and times the loader on the mirror."""
-    from jaxspeech import storage
+    from jaxspeech.common import storage
 
     with tempfile.TemporaryDirectory() as cache, store_servers.s3_server() as endpoint:
         saved = {k: os.environ.get(k) for k in store_servers.s3_env(endpoint, cache)}

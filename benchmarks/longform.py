@@ -34,7 +34,7 @@ from jaxspeech.evaluation import run as eval_run
 from jaxspeech.metrics.wer import ErrorCounts
 from jaxspeech.parallel import rules
 from jaxspeech.runs import loading
-from jaxspeech.serving import transcribe as transcribe_lib
+from jaxspeech.serving import recognizer as transcribe_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:  # `benchmarks.lib` from this checkout when run as a script

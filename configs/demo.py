@@ -6,27 +6,19 @@ Run (what `make demo` does after preparing data/demo/shards):
   python -m jaxspeech.train --config configs/demo.py --workdir runs/demo
   python -m jaxspeech.evaluate --workdir runs/demo --data data/demo/shards --split test
 Expected on 2 CPU cores (19 min of training on `make demo`'s 9-hour corpus): test CER
-~11.6% / WER ~38% (seeds 0-2: 11.2-12.3%), natural-text clean ~15-17%, noisy ~17-21%.
+~11.6% / WER ~38%, natural-text clean ~15-17%, noisy ~17-21%. Every measured figure and
+the recipe's history, with command, commit and device: docs/results/asr.md.
 
-Variants (`--config configs/demo.py:NAME`). Every one but `tiny` reads only the utterances
-of <= 2.25 s for its first 300 steps: without that phase `ctc_rnnt` stayed on the blank
-plateau on the 9-hour corpus. Measured figures with commit, date, device and corpus (the
-variants' full runs were on the former 3-hour grammar-only corpus), and the recipe's
-history: docs/results.md, section 1.
+Variants (`--config configs/demo.py:NAME`; every one but `tiny` reads only the utterances
+of <= 2.25 s for its first 300 steps):
   (default) the transducer (stateless predictor, pruned RNN-T loss), 1,800 steps, speed
-            perturbation and noise from step 86, RNN-T beam search (beam 4, up to 3
-            labels a frame).
+            perturbation and noise from step 86, RNN-T beam search (beam 4).
   ctc       the CTC head, the same augmentation from step 300, 1,350 steps.
-  ctc_rnnt  the transducer plus the CTC loss at weight 0.3, no waveform augmentation,
-            RNN-T greedy search, 1,350 steps: off the plateau by step 300 (CTC loss
-            2.17 there; 2.86 without the short phase).
+  ctc_rnnt  the transducer plus the CTC loss at weight 0.3, greedy search, 1,350 steps.
   rnnt      the transducer without the waveform augmentation, greedy search, 1,350 steps.
-  streaming the CTC recipe without the waveform augmentation as a streaming model: causal
-            convolutions and chunked attention with a chunk size drawn per batch,
-            evaluated in-loop at chunk 16 (`evaluate --streaming --chunk_size C`).
-  ctc_aed   hybrid CTC/attention: a 3-block attention decoder, the joint loss 0.5 CTC +
-            0.5 attention, 1,250 steps (its step costs ~8% more), no waveform
-            augmentation, joint CTC/attention beam search (beam 4).
+  streaming the CTC recipe as a streaming model: causal convolutions, chunked attention
+            with a chunk size drawn per batch (`evaluate --streaming --chunk_size C`).
+  ctc_aed   hybrid CTC/attention (0.5 CTC + 0.5 attention), joint beam search, 1,250 steps.
   tiny      a seconds-long CTC model for tests; accuracy is not a goal.
 """
 
@@ -64,7 +56,7 @@ def get_config(arg: str | None = None) -> ConfigDict:
         # the 9-hour corpus's 9,450; 86 batches a pass), then every utterance. Without it
         # the encoder left the blank plateau early only for some seeds and heads (the
         # default: one of five seeds never left it; ctc_rnnt: CTC loss 2.86 at step 300);
-        # short utterances first took them off it by step ~250 (docs/results.md, 1a).
+        # short utterances first took them off it by step ~250 (docs/results/asr.md, 1a).
         c.data.short_first_steps = 300
         c.data.short_first_seconds = 2.25
     if variant in ("default", "ctc"):
@@ -72,7 +64,7 @@ def get_config(arg: str | None = None) -> ConfigDict:
         # white/pink/brown noise at 5-20 dB. From step 0 either one kept the CTC recipe on
         # its blank plateau past the budget; once off it, they cost the grammar's test
         # split nothing beyond run-to-run spread and brought the natural noisy split from
-        # 43.9% to 29.9% CER (docs/results.md, 1a). Epochs count the short phase's passes
+        # 43.9% to 29.9% CER (docs/results/asr.md, 1a). Epochs count the short phase's passes
         # (86 batches) first: CTC augments from epoch 4, the end of the short phase (step
         # 300), the transducer from epoch 1 (step 86, below).
         c.waveform_aug.speeds = (0.9, 1.0, 1.1)
@@ -84,7 +76,7 @@ def get_config(arg: str | None = None) -> ConfigDict:
         # against CTC's 18.8 on 2 cores, so the default spends the difference on 1,800
         # steps (grammar only: test 9.2%, natural 22.2% / 25.1%). Beam search with up to 3
         # labels a frame (at 40 ms frames a character model needs more than one on some):
-        # test 12.4% against greedy's 13.3% at 1,350 steps (docs/results.md, 1a).
+        # test 12.4% against greedy's 13.3% at 1,350 steps (docs/results/asr.md, 1a).
         c.model.head = "rnnt"
         c.decoding.method = "rnnt_beam"
         c.train.num_steps = 1800
@@ -93,7 +85,7 @@ def get_config(arg: str | None = None) -> ConfigDict:
         # Shallow fusion with the trigram of the training transcripts, half of them natural
         # sentences: on dev the best of a grid (weights 0.3-1.2, bonuses 2-10) was 0.6 / 4
         # (CER 10.9% against the library's 1.2 / 10: 11.9%); such a broad LM earns less
-        # weight than the grammar's alone (docs/results.md, 8).
+        # weight than the grammar's alone (docs/results/other.md, 8).
         c.decoding.lm_weight = 0.6
         c.decoding.word_bonus = 4.0
     if variant in ("rnnt", "ctc_rnnt"):

@@ -11,9 +11,9 @@ from absl import flags
 
 from data_prep.readers import READERS
 from data_prep.readers.common import PrepareError
-from jaxspeech import storage
 from jaxspeech.audio.features import LogMelConfig
 from jaxspeech.audio.mfcc import FEATURE_KINDS, MAX_DELTAS
+from jaxspeech.common import storage
 from jaxspeech.data import records
 
 HOURS_PER_SHARD = 1.0  # Default audio per shard (see data_prep.sharding.default_num_shards).

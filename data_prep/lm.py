@@ -40,7 +40,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 from absl import flags
 
-from jaxspeech import files
+from jaxspeech.common import files
 from jaxspeech.data import reader as reader_lib
 from jaxspeech.data import records
 from jaxspeech.data.tokenizer import normalize_text
@@ -372,7 +372,7 @@ def _define_flags(fv: flags.FlagValues) -> None:
 
 
 def _usage_error(message: str) -> int:
-    """As `jaxspeech.cli.usage_error`, returned rather than exited (main runs in tests)."""
+    """As `jaxspeech.common.cli.usage_error`, returned rather than exited (main runs in tests)."""
     print(f"error: bad command line: {message}", file=sys.stderr)
     return 2
 

@@ -100,7 +100,7 @@ from data_prep.staging import (
 from data_prep.stats import combine_stats
 from data_prep.tokenizer_training import TranscriptSampleFn, train_tokenizer
 from data_prep.validate import KeepFirstOfId, ValidateAndEncode
-from jaxspeech import files, storage
+from jaxspeech.common import files, storage
 from jaxspeech.data import records
 
 
@@ -387,7 +387,7 @@ if __name__ == "__main__":
     # Run the copy imported under its real name: Beam workers unpickle DoFns and elements by
     # module path, and "__main__" in a worker is the worker itself.
     from data_prep import prepare as _prepare
-    from jaxspeech import cli
+    from jaxspeech.common import cli
 
     with cli.interrupt_as_one_line("prepare"):
         sys.exit(_prepare.main())

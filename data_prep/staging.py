@@ -9,7 +9,7 @@ import uuid
 from typing import Any
 
 from data_prep.readers.common import PrepareError
-from jaxspeech import files
+from jaxspeech.common import files
 
 
 def write_json(value: Any, path: str) -> None:

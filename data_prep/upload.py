@@ -2,10 +2,10 @@
 
 Beam's shard writers are ArrayRecord's local-file writers, and a split is replaced whole
 by a directory rename, which object stores do not have. So the split is prepared into a
-local staging directory (under the storage cache, ``jaxspeech.storage.cache_root``) and
+local staging directory (under the storage cache, ``jaxspeech.common.storage.cache_root``) and
 uploaded with its ``index.json`` last: the index is the split's commit marker, deleted
 first when a split is replaced, so readers see the old split, no split, or the new one,
-never a mix (`jaxspeech.storage.upload_dir`). The train split's tokenizer is uploaded
+never a mix (`jaxspeech.common.storage.upload_dir`). The train split's tokenizer is uploaded
 before the split. The bucket is checked before any work.
 """
 
@@ -21,7 +21,7 @@ from typing import Any
 from data_prep.config import PrepConfig
 from data_prep.readers.common import PrepareError
 from data_prep.staging import write_json
-from jaxspeech import storage
+from jaxspeech.common import storage
 
 TOKENIZER = "tokenizer"
 

@@ -4,7 +4,7 @@
         [--verbose] [--runner DirectRunner] [other Beam options]
 
 DIR may be an object-store URL (s3://, gs://): its committed splits are mirrored into the
-local cache (jaxspeech.storage) and checked there; --repair takes local directories only.
+local cache (jaxspeech.common.storage) and checked there; --repair takes local directories only.
 
 For every shard of every split (default: every split under DIR): the file exists and opens,
 holds the record count `index.json` gives, and every record reads, decodes (header and
@@ -41,10 +41,10 @@ import apache_beam as beam
 import numpy as np
 
 from data_prep.runner import pipeline_options, quiet_beam_output
-from jaxspeech import files, storage
+from jaxspeech.common import files, storage
+from jaxspeech.common.errors import UserError
 from jaxspeech.data import reader as reader_lib
 from jaxspeech.data import records
-from jaxspeech.errors import UserError
 
 READ_BLOCK = 256  # records per read call: big enough to amortize, small enough for memory
 DURATION_TOLERANCE_S = 1e-3  # durations.npy holds float32 seconds
@@ -349,7 +349,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 
 def store_mirror(url: str, splits: list[str] | None, repair: bool) -> str:
-    """The local mirror (jaxspeech.storage) of an object-store DIR's splits to check: the
+    """The local mirror (jaxspeech.common.storage) of an object-store DIR's splits to check: the
     given ones, else every committed one (a prefix with an index.json).
 
     Raises:
@@ -423,7 +423,7 @@ if __name__ == "__main__":
     # Run the copy imported under its real name: Beam workers unpickle functions by module
     # path, and "__main__" in a worker is the worker itself.
     from data_prep import verify as _verify
-    from jaxspeech import cli
+    from jaxspeech.common import cli
 
     with cli.interrupt_as_one_line("verify"):
         sys.exit(_verify.main())

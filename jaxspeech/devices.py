@@ -24,9 +24,9 @@ from absl import app, flags, logging
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from ml_collections import ConfigDict, config_flags
 
-from jaxspeech import cli
+from jaxspeech.common import cli
+from jaxspeech.common.errors import UserError
 from jaxspeech.config import build
-from jaxspeech.errors import UserError
 from jaxspeech.parallel import mesh as mesh_lib
 
 

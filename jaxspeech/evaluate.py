@@ -9,28 +9,34 @@ and normalization statistics (inside the checkpoint) are used, so DIR may be
 any corpus prepared with `python -m data_prep.prepare`.
 
 A synthesizer's run (config.task "tts") is evaluated by synthesizing each split's
-sentences for their speakers (`jaxspeech.evaluation.tts_run`): MCD-DTW, wide-band PESQ,
+sentences for their speakers (`jaxspeech.tts.evaluation`): MCD-DTW, wide-band PESQ,
 F0 RMSE, and with `--asr_workdir ASR_RUN` that recognizer's CER / WER on the synthesized
 and on the real speech (intelligibility: an automatic stand-in for MOS); one JSON line per
 split, written to RUN/eval/<split>-step<N>-synthesis.json with -synthesis-utts.jsonl, and
 samples in RUN/eval/samples/ and TensorBoard. `--max_utterances N`: each split's first N.
 `--vocoder_workdir VOCODER_RUN`: a trained HiFi-GAN (config.task "vocoder") on the same
 front end vocodes the synthesized speech beside Griffin-Lim; every measure is taken for both.
+DNSMOS (SIG / BAK / OVRL / P.808, `jaxspeech.metrics.mos`) of each vocoder's speech and of
+the recordings: on each split's first `--mos_utterances N` (default 32; 0: none).
 
-Flags -> `jaxspeech.evaluation.run.evaluate_splits` (or `jaxspeech.evaluation.watcher.watch`,
-or `jaxspeech.evaluation.tts_run.evaluate_tts_splits`).
+Flags -> the run's task's evaluation in the registry (`jaxspeech.tasks`):
+`jaxspeech.evaluation.run.evaluate_splits` (or `jaxspeech.evaluation.watcher.watch`) for a
+recognizer, `jaxspeech.tts.evaluation.evaluate_tts_splits` for a synthesizer; a vocoder's
+run is refused in one line (its training evaluates it).
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 
 from absl import app, flags, logging
 
-from jaxspeech import cli, storage
-from jaxspeech.evaluation import run as eval_run
-from jaxspeech.evaluation import scoring, tts_run, watcher
+from jaxspeech import tasks
+from jaxspeech.common import cli, storage
+from jaxspeech.evaluation import watcher
+from jaxspeech.evaluation.splits import parse_splits
 from jaxspeech.parallel import mesh as mesh_lib
 
 FLAGS = flags.FLAGS
@@ -50,9 +56,9 @@ def print_result(result: dict) -> None:
     print(json.dumps(result), flush=True)
 
 
-def evaluate_synthesizer(splits: list[str] | None) -> None:
-    """The evaluation of a synthesizer's run (`tts_run.evaluate_tts_splits`); the
-    recognizer-only flags are refused, the decoding flags go to --asr_workdir's run."""
+def evaluate_synthesizer(evaluate_tts_splits: Callable, splits: list[str] | None) -> None:
+    """The evaluation of a synthesizer's run (`jaxspeech.tts.evaluation.evaluate_tts_splits`);
+    the recognizer-only flags are refused, the decoding flags go to --asr_workdir's run."""
     if FLAGS.watch:
         cli.usage_error(
             f"--watch follows a recognizer's training; {FLAGS.workdir} is a synthesizer's "
@@ -69,7 +75,7 @@ def evaluate_synthesizer(splits: list[str] | None) -> None:
         cli.usage_error(
             "the decoding flags choose how --asr_workdir's recognizer decodes: give --asr_workdir"
         )
-    for result in tts_run.evaluate_tts_splits(
+    for result in evaluate_tts_splits(
         FLAGS.workdir,
         FLAGS.data,
         splits,
@@ -80,8 +86,40 @@ def evaluate_synthesizer(splits: list[str] | None) -> None:
         decoding=decoding,
         max_utterances=FLAGS.max_utterances,
         vocoder_workdir=FLAGS.vocoder_workdir,
+        mos_utterances=FLAGS.mos_utterances,
     ):
         print_result(result)
+
+
+def evaluate_recognizer(evaluate_splits: Callable, splits: list[str] | None) -> None:
+    """The evaluation of a recognizer's run (`jaxspeech.evaluation.run.evaluate_splits`, or
+    `watcher.watch` with --watch); the synthesizer-only flags are refused."""
+    tts_only = (FLAGS.max_utterances, FLAGS.mos_utterances)
+    if FLAGS.asr_workdir or FLAGS.vocoder_workdir or any(v is not None for v in tts_only):
+        cli.usage_error(
+            "--asr_workdir, --vocoder_workdir, --max_utterances and --mos_utterances are "
+            f"for a synthesizer's run (config.task=tts); {FLAGS.workdir} is not one"
+        )
+    if FLAGS.watch and FLAGS.step is not None:
+        cli.usage_error("--step and --watch exclude each other (--watch scores every step)")
+    if FLAGS.watch and storage.is_remote(FLAGS.workdir):
+        cli.usage_error(
+            "--watch needs a local run directory (it polls the run's files); evaluate a "
+            "run on an object store without --watch, one step at a time"
+        )
+    overrides = (FLAGS.method, FLAGS.beam, FLAGS.max_corrupt_fraction, cli.decoding_overrides())
+    if FLAGS.watch:
+        watcher.watch(
+            FLAGS.workdir, FLAGS.data, splits, *overrides,
+            timeout_s=FLAGS.watch_timeout, poll_s=FLAGS.watch_poll_s,
+        )  # fmt: skip
+        return
+    for result in evaluate_splits(FLAGS.workdir, FLAGS.data, splits, FLAGS.step, *overrides):
+        print_result(result)
+
+
+# The run's task -> how this command runs its evaluation (`tasks.TaskEntry.evaluate`).
+EVALUATIONS = {"asr": evaluate_recognizer, "tts": evaluate_synthesizer}
 
 
 def main(argv: list[str]) -> None:
@@ -89,38 +127,12 @@ def main(argv: list[str]) -> None:
         cli.usage_error(f"unexpected arguments: {argv[1:]}")
 
     def job() -> None:
-        splits = scoring.parse_splits(FLAGS.split) if FLAGS.split else None
-        if tts_run.is_tts_run(FLAGS.workdir):
-            evaluate_synthesizer(splits)
-            return
-        if tts_run.run_task(FLAGS.workdir) == "vocoder":
-            cli.usage_error(
-                f"{FLAGS.workdir} is a vocoder's run: its training evaluates it (RUN/eval); "
-                "score it on a synthesizer's speech with --workdir TTS_RUN --vocoder_workdir"
-            )
-        if FLAGS.asr_workdir or FLAGS.vocoder_workdir or FLAGS.max_utterances is not None:
-            cli.usage_error(
-                "--asr_workdir, --vocoder_workdir and --max_utterances are for a "
-                f"synthesizer's run (config.task=tts); {FLAGS.workdir} is not one"
-            )
-        if FLAGS.watch and FLAGS.step is not None:
-            cli.usage_error("--step and --watch exclude each other (--watch scores every step)")
-        if FLAGS.watch and storage.is_remote(FLAGS.workdir):
-            cli.usage_error(
-                "--watch needs a local run directory (it polls the run's files); evaluate a "
-                "run on an object store without --watch, one step at a time"
-            )
-        overrides = (FLAGS.method, FLAGS.beam, FLAGS.max_corrupt_fraction, cli.decoding_overrides())
-        if FLAGS.watch:
-            watcher.watch(
-                FLAGS.workdir, FLAGS.data, splits, *overrides,
-                timeout_s=FLAGS.watch_timeout, poll_s=FLAGS.watch_poll_s,
-            )  # fmt: skip
-            return
-        for result in eval_run.evaluate_splits(
-            FLAGS.workdir, FLAGS.data, splits, FLAGS.step, *overrides
-        ):
-            print_result(result)
+        splits = parse_splits(FLAGS.split) if FLAGS.split else None
+        entry = tasks.of_run(FLAGS.workdir, default="asr")
+        refused = entry.refusal("evaluate", FLAGS.workdir)
+        if refused:
+            cli.usage_error(refused)
+        EVALUATIONS[entry.name](entry.function("evaluate"), splits)
 
     cli.run_job(job)
 
@@ -177,6 +189,13 @@ if __name__ == "__main__":
         None,
         "A synthesizer's run only: evaluate each split's first N records (default: all).",
         lower_bound=1,
+    )
+    flags.DEFINE_integer(
+        "mos_utterances",
+        None,
+        "A synthesizer's run only: DNSMOS (about 2-3 s of CPU per utterance and system) on "
+        "each split's first N utterances (default: 32; 0: none).",
+        lower_bound=0,
     )
     logging.set_verbosity(logging.WARNING)  # keep Orbax's per-restore INFO lines off the console
     app.run(main, flags_parser=cli.parse_flags)

@@ -309,10 +309,10 @@ USAGE = (
 def parse_flags(argv: list[str]) -> list[str]:
     """absl parses the launcher's flags (everything before the first `--`); what follows
     `--` goes to the children verbatim. A usage mistake is one line on stderr, exit 2;
-    `--help` before `--` is the launcher's (`jaxspeech.cli.exit_if_help`), exit 0."""
+    `--help` before `--` is the launcher's (`jaxspeech.common.cli.exit_if_help`), exit 0."""
     split = argv.index("--") if "--" in argv else len(argv)
     if set(argv[1:split]) & {"-h", "--help", "-?", "--helpshort", "--helpfull"}:
-        from jaxspeech import cli  # only for help: the launcher itself needs no JAX
+        from jaxspeech.common import cli  # only for help: the launcher itself needs no JAX
 
         cli.exit_if_help(argv[:split])
     try:

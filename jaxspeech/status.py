@@ -8,7 +8,7 @@ when the run has finished, 1 otherwise, 2 for a bad command line. Launchers
 (launch_tpu.sh, launch/slurm.sbatch, launch/tpu_worker.sh) ask it whether to start the
 command again after a preemption: a run that is not finished resumes from its checkpoint.
 
-The states are `jaxspeech.runs.status`'s: `finished` (reached train.num_steps),
+The states are `jaxspeech.runs.lifecycle`'s: `finished` (reached train.num_steps),
 `preempted` (saved a checkpoint at a signal and exited), `stopped` (train.run_steps ended
 this invocation), `running` (a live job holds the run's lease, RUN/lease.json), `dead`
 (it said it started, but no live job holds the lease: killed, or its host lost; `why`
@@ -26,8 +26,8 @@ import sys
 
 from absl import flags
 
-from jaxspeech import cli, storage
-from jaxspeech.runs import status as status_lib
+from jaxspeech.common import cli, storage
+from jaxspeech.runs import lifecycle as status_lib
 
 
 def define_flags(fv: flags.FlagValues) -> None:

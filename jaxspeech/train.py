@@ -1,7 +1,7 @@
 """Train: `python -m jaxspeech.train --config configs/demo.py --workdir RUN [--config.k=v]`.
 
-Flags -> config -> `jaxspeech.training.trainer.train_and_evaluate`. Rerunning the same
-command resumes from the latest checkpoint in RUN.
+Flags -> config -> `jaxspeech.tasks.train_and_evaluate` (the trainer with the run's
+task). Rerunning the same command resumes from the latest checkpoint in RUN.
 
 Config keys: every key of jaxspeech/config/defaults.py can be set with
 `--config.KEY=VALUE` (e.g. `--config.train.num_steps=3000`); an unknown key or a bad
@@ -21,10 +21,10 @@ if __name__ == "__main__":  # before the heavy imports: the parent stays a small
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from jaxspeech import cli  # noqa: E402
+from jaxspeech.common import cli  # noqa: E402
 from jaxspeech.config import keys  # noqa: E402
 from jaxspeech.parallel import mesh as mesh_lib  # noqa: E402
-from jaxspeech.training.trainer import train_and_evaluate  # noqa: E402
+from jaxspeech.tasks import train_and_evaluate  # noqa: E402
 
 
 def main(argv: list[str]) -> None:

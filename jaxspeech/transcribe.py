@@ -14,7 +14,8 @@ level varies by less than `--noise_spread_db` (no speech: "no speech detected"),
 decoded, and words
 in silence or longer than `--max_word_s` are dropped (`longform.SpeechGate`), counted in
 the result (and noted on stderr). A file longer than a minute gets a progress line on
-stderr (`--noprogress`: none). Runs in one process, on all of its devices.
+stderr (`--noprogress`: none). Runs in one process, on all of its devices. RUN is a
+recognizer's: a synthesizer's or a vocoder's is refused in one line (`jaxspeech.tasks`).
 """
 
 from __future__ import annotations
@@ -25,14 +26,14 @@ import sys
 import jax
 from absl import app, flags, logging
 
-from jaxspeech import cli
+from jaxspeech import tasks
+from jaxspeech.common import cli
+from jaxspeech.common.errors import UserError
 from jaxspeech.config import build
-from jaxspeech.errors import UserError
 from jaxspeech.evaluation import run as eval_run
 from jaxspeech.parallel import rules
 from jaxspeech.runs import loading
 from jaxspeech.serving import longform
-from jaxspeech.serving import transcribe as transcribe_lib
 
 
 def print_result(result: dict, as_json: bool, rate: int) -> None:
@@ -109,13 +110,20 @@ def main(argv: list[str]) -> None:
     def job() -> None:
         if jax.process_count() > 1:
             raise UserError("transcribe runs in one process (use evaluate for multi-host jobs)")
+        # The run's task's transcription (a recognizer's); a synthesizer's or a vocoder's
+        # run is one line (no run: run_eval_config reports it).
+        entry = tasks.of_run(FLAGS.workdir, default="asr")
+        refused = entry.refusal("transcribe", FLAGS.workdir)
+        if refused:
+            raise UserError(refused)
+        transcribe_files = entry.function("transcribe")
         try:
             config = eval_run.run_eval_config(
                 FLAGS.workdir, FLAGS.method, FLAGS.beam, None, cli.decoding_overrides()
             )
             with rules.axis_rules(build.rules_from_config(config)):
                 run = loading.load_run(FLAGS.workdir, step=FLAGS.step, config=config)
-                failed = transcribe_lib.transcribe_files(
+                failed = transcribe_files(
                     paths,
                     run,
                     config,

@@ -32,7 +32,7 @@ os.environ["XLA_FLAGS"] = _flags.strip()
 
 import jax  # noqa: E402
 
-from jaxspeech.serving import export as export_lib  # noqa: E402
+from jaxspeech.serving import staging  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
@@ -53,7 +53,7 @@ def onnx_converter() -> str:
     or fails under `make test` (JAXSPEECH_REQUIRE_ONNX=1), where it must run."""
     import pytest
 
-    path = export_lib.default_onnx_python()
+    path = staging.default_onnx_python()
     if not os.path.exists(path):
         message = f"the ONNX converter's environment is missing ({path}): make install-onnx"
         if os.environ.get("JAXSPEECH_REQUIRE_ONNX"):

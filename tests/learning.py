@@ -7,7 +7,7 @@ the training utterances within ~40 steps; one whose encoder stopped carrying the
 (the blank plateau) stays at the labels' prior. The utterances are few and fixed, so a
 transducer's predictor can memorize their label sequences without listening: the pressure
 that flattened the demo's encoder when the transducer taught it before CTC had found any
-alignment (jaxspeech.training.step.transducer_encoder_scale).
+alignment (jaxspeech.training.objective.transducer_encoder_scale).
 """
 
 from __future__ import annotations

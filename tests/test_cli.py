@@ -1,4 +1,4 @@
-"""The command lines behave alike (`jaxspeech.cli`): `--help` exits 0 and lists the tool's
+"""The command lines behave alike (`jaxspeech.common.cli`): `--help` exits 0 and lists the tool's
 own flags (not absl's, grain's or orbax's); `python -m jaxspeech.status` takes
 `--workdir RUN` or `RUN` with the launchers' exit codes; `train --config_help` lists every
 config key with its default and comment; known library noise (Orbax's read-only notes,
@@ -35,7 +35,8 @@ OWN_FLAGS = {
     "jaxspeech.status": ["--workdir"],
     "jaxspeech.devices": ["--config", "--coordinator_address", "--heartbeat_timeout_s"],
     "jaxspeech.launch_local": ["--num_processes", "--devices_per_process", "--grace_s"],
-    "jaxspeech.distill.targets": ["--teacher", "--workdir", "--top_k", "--num_processes"],
+    "jaxspeech.teach": ["--teacher", "--workdir", "--top_k", "--num_processes"],
+    "jaxspeech.synthesize": ["--workdir", "--artifact", "--text_file", "--speaker", "--output"],
 }
 LIBRARY_FLAGS = ("--verbosity", "--logtostderr", "--grain_", "--experimental_orbax", "--pdb")
 RUNS = [[module, ["--help"]] for module in OWN_FLAGS] + [
@@ -187,7 +188,7 @@ def test_ctrl_c_in_a_read_only_tool_is_one_line_and_exit_130(tmp_path):
     tool.write_text(
         "import os, signal, time\n"
         "signal.signal(signal.SIGINT, signal.default_int_handler)  # not the shell's ignore\n"
-        "from jaxspeech import cli\n"
+        "from jaxspeech.common import cli\n"
         "def job():\n"
         "    os.kill(os.getpid(), signal.SIGINT)\n"
         "    time.sleep(60)\n"
@@ -233,7 +234,7 @@ def test_status_usage_mistakes_are_one_line_and_exit_2(tmp_path, capsys, args, s
 
 # ---------------------------------------------------------------- cli helpers
 def test_help_after_a_double_dash_is_the_childrens(capsys):
-    from jaxspeech import cli
+    from jaxspeech.common import cli
 
     cli.exit_if_help(["launch_local", "--num_processes", "2", "--", "--help"])  # no exit
     with pytest.raises(SystemExit) as exit_:
@@ -242,7 +243,7 @@ def test_help_after_a_double_dash_is_the_childrens(capsys):
 
 
 def test_an_unknown_config_key_is_named_in_full():
-    from jaxspeech import cli
+    from jaxspeech.common import cli
 
     error = "'\\'num_step\\'\\nDid you mean \"num_steps\" instead of \"num_step\"?'"
     message = cli._unknown_config_key(error, ["train", "--config.train.num_step=3"])
@@ -252,7 +253,7 @@ def test_an_unknown_config_key_is_named_in_full():
 
 
 def test_orbax_read_only_notes_are_dropped_and_other_warnings_kept():
-    from jaxspeech import cli
+    from jaxspeech.common import cli
 
     noise = cli._KnownLibraryNoise()
 

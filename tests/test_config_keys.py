@@ -186,28 +186,29 @@ def readme_refs() -> dict[str, list]:
 
 
 def test_readme_walk_finds_every_reference():
-    """Counted by hand. README.md: 12 settings with a value (num_steps, num_layers, fsdp,
-    run_steps, init_from, log_batch_ids, eval_split, and the student's train_split,
-    distill.other_split, distill.targets, distill.schedule, distill.other_dir,
-    monitor.trackers), 42 without one (features, max_corrupt_fraction, read_retries,
-    read_backoff_s, seed, count_flops, peak_tflops, monitor.trackers, device_hour_price
-    twice, encoder, conformer.*, lstm.*, head, ctc_weight, decoder.*, rnnt, kernel,
+    """Counted by hand. README.md (the guide): 6 settings with a value (num_steps,
+    num_layers, fsdp, run_steps, init_from, monitor.trackers), 3 without
+    (max_corrupt_fraction, sync.strategy, device_hour_price) and the syntax
+    `--config.KEY=VALUE`. docs/reference.md (the commands' and keys' details, the former
+    README's among them): 23 with a value (the same six, log_batch_ids, eval_split, the
+    student's train_split, distill.other_split, distill.targets, distill.schedule,
+    distill.other_dir; model.head=ctc+aed, mesh.stage, conformer.scan_layers,
+    pipeline.schedule, features.kind, features.deltas, dtype, grad_accum, remat,
+    loader_shards), 53 without (features, max_corrupt_fraction, read_retries,
+    read_backoff_s, seed, count_flops, peak_tflops, monitor.trackers, device_hour_price,
+    encoder, conformer.*, lstm.*, head, ctc_weight, decoder.*, rnnt, kernel,
     batch_seconds, features.{kind, num_mel_bins, num_ceps, lifter, deltas} one by one,
     waveform_aug, specaug, mesh.{...}, mesh.rules, mesh.rules.embed (set empty),
     pipeline.{...}, decoding.method, lm_path, lm_weight, word_bonus, streaming, the
     attention searches' decoding.{...}, the five scoring keys, distill, distill.schedule,
-    distill.other_split, sync.strategy), the syntax `--config.KEY=VALUE` and
-    RUN/config.json twice. docs/reference.md: 10 with a value (model.head=ctc+aed,
-    mesh.stage, conformer.scan_layers, pipeline.schedule, features.kind, features.deltas,
-    dtype, grad_accum, remat, loader_shards), 9 without (model.decoder.{...},
-    label_smoothing, loss.ctc_weight, decoding.method, decoding.ctc_weight,
-    pipeline.microbatches, pipeline.gather_weights_once, model.decoder.scan_layers,
-    features). Pinned, so a regex
-    that stops matching cannot leave the tests below with nothing to check; after editing
-    the documents' options, recount and update."""
+    distill.other_split; model.decoder.{...}, label_smoothing,
+    loss.ctc_weight, decoding.method, decoding.ctc_weight, pipeline.microbatches,
+    pipeline.gather_weights_once, model.decoder.scan_layers, features) and RUN/config.json
+    twice. Pinned, so a regex that stops matching cannot leave the tests below with nothing
+    to check; after editing the documents' options, recount and update."""
     refs = readme_refs()
     counts = {kind: len(found) for kind, found in refs.items()}
-    assert counts == {"override": 23, "reference": 55, "syntax": 1, "file": 2}, refs
+    assert counts == {"override": 29, "reference": 56, "syntax": 1, "file": 2}, refs
     assert "model.conformer.remat" in dict(refs["override"])  # the issue's example
 
 

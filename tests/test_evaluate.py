@@ -4,17 +4,12 @@ import numpy as np
 import pytest
 
 from configs import demo
+from jaxspeech.common.errors import UserError
 from jaxspeech.decoding import search
-from jaxspeech.errors import UserError
 from jaxspeech.evaluation import watcher as eval_watch
 from jaxspeech.evaluation.run import result_tag, run_eval_config
-from jaxspeech.evaluation.scoring import (
-    eval_bucket_spec,
-    normalizer_from_config,
-    parse_splits,
-    summarize_utterances,
-    write_result,
-)
+from jaxspeech.evaluation.scoring import normalizer_from_config, summarize_utterances, write_result
+from jaxspeech.evaluation.splits import eval_bucket_spec, parse_splits
 
 
 def test_eval_buckets_cover_the_longest_utterance():
@@ -146,7 +141,7 @@ def test_a_beam_too_wide_for_the_memory_is_refused():
     wider than the vocabulary is not a mistake (prefixes outnumber labels)."""
     import types
 
-    from jaxspeech.errors import UserError
+    from jaxspeech.common.errors import UserError
 
     config = demo.get_config()  # rnnt_beam
     config.decoding.beam = 100_000

@@ -21,8 +21,8 @@ from configs import demo
 from jaxspeech.config import build
 from jaxspeech.decoding import ctc as ctc_decoding
 from jaxspeech.decoding import rnnt as rnnt_decoding
-from jaxspeech.serving import export as export_lib
 from jaxspeech.serving import quantize
+from jaxspeech.serving import recognizer_export as export_lib
 from tests.conftest import onnx_converter
 from tests.sharing import built_once
 

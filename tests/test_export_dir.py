@@ -8,9 +8,12 @@ import os
 
 import pytest
 
-from jaxspeech import files
-from jaxspeech.errors import UserError
-from jaxspeech.serving import artifact_dir, export, tts_export, vocoder_export
+from jaxspeech.common import files
+from jaxspeech.common.errors import UserError
+from jaxspeech.serving import artifact_dir
+from jaxspeech.serving import recognizer_export as export
+from jaxspeech.tts import artifact as tts_export
+from jaxspeech.vocoder import artifact as vocoder_export
 
 
 def _tree(root) -> dict[str, bytes | None]:

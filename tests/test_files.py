@@ -1,4 +1,4 @@
-"""jaxspeech.files: whole files or none, storage failures recognised, and the entry points'
+"""jaxspeech.common.files: whole files or none, storage failures recognised, and the entry points'
 one line and exit code 5 for them (errors injected into the writers: no root needed)."""
 
 import errno
@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from jaxspeech import cli, files
+from jaxspeech.common import cli, files
 from jaxspeech.data import records
 from jaxspeech.evaluation import scoring
 from jaxspeech.runs import events

@@ -5,7 +5,8 @@ import os
 import pytest
 
 from configs import demo
-from jaxspeech.errors import UserError
+from jaxspeech.common.errors import UserError
+from jaxspeech.config import build
 from jaxspeech.training import inputs
 
 
@@ -64,6 +65,19 @@ def test_the_loader_gets_the_first_augmented_epoch(monkeypatch):
     # passes (the library's default: 0)
     assert seen["augment_from_epoch"] == 4 and seen["speeds"] == (0.9, 1.0, 1.1)
     assert seen["augment"] is aug
+
+
+def test_loader_settings_are_the_configs_and_training_alone_has_shards_and_workers():
+    """`build.loader_settings`: what the six pipeline call sites read from the config."""
+    config = demo.get_config("ctc")
+    config.data.loader_shards, config.data.num_workers, config.data.prefetch = 4, 3, 5
+    train = build.loader_settings(config, train=True)
+    evaluation = build.loader_settings(config, train=False)
+    assert (train["loader_shards"], train["num_workers"], train["prefetch"]) == (4, 3, 5)
+    assert train["train"] and not evaluation["train"] and train["seed"] == config.seed
+    assert train["retry"] == build.retry_policy(config)
+    # An evaluation pass reads in order in this process: the loader's defaults.
+    assert set(train) - set(evaluation) == {"loader_shards", "num_workers"}
 
 
 def test_the_short_first_phase_reaches_the_labeled_split_only(monkeypatch):

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from jaxspeech import devices, status
-from jaxspeech.runs import status as status_lib
+from jaxspeech.runs import lifecycle as status_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SBATCH = os.path.join(ROOT, "launch", "slurm.sbatch")

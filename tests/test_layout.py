@@ -3,7 +3,12 @@
 - Import layers: a module imports only from its own layer or the layers below it, so a
   change low in the stack never needs one high up. Evaluation never imports training.
 - No import cycles between modules (lazy imports inside functions count too).
-- Entry points (`python -m jaxspeech.<cli>`) are imported by no library module.
+- Entry points (`python -m jaxspeech.<cli>`) are imported by no library module, sit at the
+  top of the package (never inside a library package) and share no basename with a
+  library module; at most MAX_TOP_MODULES modules sit at the top of jaxspeech/.
+- Tasks over one core: the task packages (TASK_PACKAGES) sit above every core package;
+  the core never imports one; a task imports another only through its declared interface
+  (TASK_INTERFACES); task-named files (`tts_*`, `vocoder_*`) live only in their packages.
 - Sizes: files of at most 600 lines, functions of at most 80 (the demo's sentence lists
   are data, not code).
 """
@@ -27,9 +32,12 @@ LAYERS: list[tuple[str, ...]] = [
         "jaxspeech.status",
         "jaxspeech.devices",
         "jaxspeech.launch_local",
-        "jaxspeech.distill.targets",
-        "jaxspeech.cli",  # what the entry points share (flags, exit codes); not one itself
+        "jaxspeech.teach",
+        "jaxspeech.synthesize",
+        "jaxspeech.common.cli",  # what the entry points share (flags, exit codes); not one itself
     ),
+    ("jaxspeech.tasks",),  # the registry: each task's code, imported lazily by name
+    ("jaxspeech.asr", "jaxspeech.tts", "jaxspeech.vocoder"),  # the tasks, over the core
     ("jaxspeech.serving",),
     ("jaxspeech.training",),
     # below training: the trainer reads a teacher's soft targets through distill.student
@@ -37,19 +45,30 @@ LAYERS: list[tuple[str, ...]] = [
     ("jaxspeech.evaluation",),
     ("jaxspeech.runs",),
     ("jaxspeech.config", "jaxspeech.decoding"),
-    ("jaxspeech.models", "jaxspeech.tts"),
+    ("jaxspeech.models",),
     (
         "jaxspeech.data",
         "jaxspeech.audio",
         "jaxspeech.losses",
         "jaxspeech.metrics",
         "jaxspeech.parallel",
-        "jaxspeech.errors",
-        "jaxspeech.files",
-        "jaxspeech.storage",
+        "jaxspeech.common",
     ),
 ]
-ENTRY_POINTS = set(LAYERS[0]) - {"jaxspeech.cli"}
+ENTRY_POINTS = set(LAYERS[0]) - {"jaxspeech.common.cli"}
+TASK_PACKAGES = ("jaxspeech.asr", "jaxspeech.tts", "jaxspeech.vocoder")
+CORE = [p for layer in LAYERS[LAYERS.index(TASK_PACKAGES) + 1 :] for p in layer]
+# The only modules one task package may import of another: (importer, module).
+TASK_INTERFACES = {("jaxspeech.tts", "jaxspeech.vocoder.inference")}
+TASK_FILE_PREFIXES = {"tts_": "jaxspeech/tts", "vocoder_": "jaxspeech/vocoder"}
+MAX_TOP_MODULES = 10  # modules directly in jaxspeech/ (its __init__.py aside)
+# Run with `python -m` in the ONNX converter's own environment (`make install-onnx`) by the
+# exports, not by users: library modules with a __main__ block of their own.
+CONVERTERS = {
+    "jaxspeech.serving.onnx_convert",
+    "jaxspeech.tts.acoustic",
+    "jaxspeech.vocoder.generator",
+}
 MAX_FILE_LINES, MAX_FUNCTION_LINES = 600, 80
 SIZE_EXEMPT = {"data_prep/demo/sentences.py"}  # sentence lists: data
 
@@ -113,6 +132,83 @@ def test_imports_go_down_the_layers(graph):
 def test_no_module_imports_an_entry_point(graph):
     bad = [f"{m} imports {d}" for m, deps in graph.items() for d in deps if d in ENTRY_POINTS]
     assert not bad, "entry points are imported by nothing:\n" + "\n".join(sorted(bad))
+
+
+def package_of(module: str, packages) -> str | None:
+    """The one of `packages` that holds `module` (None: none does)."""
+    return next((p for p in packages if module == p or module.startswith(p + ".")), None)
+
+
+def test_the_core_never_imports_a_task(graph):
+    bad = [
+        f"{m} imports {d}"
+        for m, deps in graph.items()
+        if package_of(m, CORE)
+        for d in deps
+        if package_of(d, TASK_PACKAGES)
+    ]
+    assert not bad, "the core imports a task package:\n" + "\n".join(sorted(bad))
+
+
+def test_tasks_import_each_other_only_through_their_interfaces(graph):
+    missing = [p for p in TASK_PACKAGES if p not in graph]
+    missing += [d for _, d in TASK_INTERFACES if d not in graph]
+    assert not missing, f"task packages or interfaces that do not exist: {missing}"
+    bad = []
+    for m, deps in graph.items():
+        own = package_of(m, TASK_PACKAGES)
+        for d in deps:
+            other = package_of(d, TASK_PACKAGES)
+            if own and other and other != own and (own, d) not in TASK_INTERFACES:
+                bad.append(f"{m} imports {d}")
+    assert not bad, (
+        f"tasks import each other only through {sorted(TASK_INTERFACES)}:\n"
+        + "\n".join(sorted(bad))
+    )
+
+
+def test_task_named_files_live_in_their_task_packages():
+    homes = tuple(ROOT / h for h in TASK_FILE_PREFIXES.values())
+    bad = [
+        str(path.relative_to(ROOT))
+        for path in sorted((ROOT / "jaxspeech").rglob("*.py"))
+        if path.name.startswith(tuple(TASK_FILE_PREFIXES))
+        and not any(path.is_relative_to(h) for h in homes)
+    ]
+    assert not bad, f"task-named files outside {sorted(TASK_FILE_PREFIXES.values())}: {bad}"
+
+
+def test_few_modules_at_the_top():
+    top = sorted(p.name for p in (ROOT / "jaxspeech").glob("*.py") if p.name != "__init__.py")
+    assert len(top) <= MAX_TOP_MODULES, f"{len(top)} modules at the top of jaxspeech/: {top}"
+
+
+def has_main_block(path: pathlib.Path) -> bool:
+    """Whether the module runs code under `if __name__ == "__main__":`."""
+    return any(
+        isinstance(node, ast.If)
+        and isinstance(node.test, ast.Compare)
+        and isinstance(node.test.left, ast.Name)
+        and node.test.left.id == "__name__"
+        for node in ast.parse(path.read_text()).body
+    )
+
+
+def test_entry_points_sit_at_the_top_under_names_of_their_own():
+    modules = package_modules()
+    mains = {m for m, p in modules.items() if has_main_block(p)}
+    bad = [f"{m}: an entry point inside a package" for m in ENTRY_POINTS if m.count(".") != 1]
+    bad += [
+        f"{m}: a __main__ block in no entry point"
+        for m in sorted(mains - ENTRY_POINTS - CONVERTERS)
+    ]
+    names = {m.rpartition(".")[2] for m in ENTRY_POINTS}
+    bad += [
+        f"{m}: shares its name with the entry point jaxspeech.{m.rpartition('.')[2]}"
+        for m, path in modules.items()
+        if m not in ENTRY_POINTS and path.name != "__init__.py" and m.rpartition(".")[2] in names
+    ]
+    assert not bad, "\n".join(bad)
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:

@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from jaxspeech.errors import UserError
+from jaxspeech.common.errors import UserError
 from jaxspeech.runs import lease as lease_lib
-from jaxspeech.runs import status as status_lib
+from jaxspeech.runs import lifecycle as status_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOLDER = textwrap.dedent(

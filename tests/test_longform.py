@@ -440,7 +440,7 @@ def test_transcribe_files_names_missing_and_non_finite_files(tmp_path, monkeypat
     from ml_collections import ConfigDict
 
     from jaxspeech.data.tokenizer import Tokenizer
-    from jaxspeech.serving import transcribe as transcribe_lib
+    from jaxspeech.serving import recognizer as transcribe_lib
 
     calls = []
 

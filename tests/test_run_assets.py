@@ -4,7 +4,7 @@ is missing and which are there (it once said "not a prepared corpus")."""
 import pytest
 
 from configs import demo
-from jaxspeech.errors import UserError
+from jaxspeech.common.errors import UserError
 from jaxspeech.runs import assets
 
 

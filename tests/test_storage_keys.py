@@ -1,4 +1,4 @@
-"""Object-store keys as local paths (jaxspeech.storage.key_path and its users): a key from
+"""Object-store keys as local paths (jaxspeech.common.storage.key_path and its users): a key from
 someone else's bucket never names a path outside the local mirror. Pure functions; the
 same cases against a real S3 server are in tests/e2e/test_object_store.py."""
 
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from jaxspeech import storage
+from jaxspeech.common import storage
 from jaxspeech.runs import remote
 
 

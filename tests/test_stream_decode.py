@@ -5,9 +5,9 @@ same streaming model: the same head outputs on every valid frame, and the same l
 import numpy as np
 import pytest
 
+from jaxspeech.common.errors import UserError
 from jaxspeech.data.tokenizer import Tokenizer
 from jaxspeech.decoding import search
-from jaxspeech.errors import UserError
 from tests.test_export import _audio, _model
 
 VOCAB_BLANK = 0

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 from data_prep import verify
-from jaxspeech import files, storage
+from jaxspeech.common import files, storage
+from jaxspeech.common.errors import UserError
 from jaxspeech.config import defaults
 from jaxspeech.data import pipeline as pl
 from jaxspeech.data import records
 from jaxspeech.data.tokenizer import Tokenizer, train_char_tokenizer
-from jaxspeech.errors import UserError
 from jaxspeech.runs import assets
 from jaxspeech.training import compile_cache
 from tests.data.test_pipeline import SR, write_corpus

@@ -1,7 +1,7 @@
 """Proof that a resume was exact: final parameters bit for bit, the same data order.
 
 Reads two runs' latest checkpoints (`jaxspeech.runs.loading.load_run`) and their utterance ids
-per step (`jaxspeech.training.monitor.read_batch_ids`, RUN/batch_ids/p0.jsonl). Used by
+per step (`jaxspeech.runs.events.read_batch_ids`, RUN/batch_ids/p0.jsonl). Used by
 benchmarks/chaos.py.
 """
 

@@ -28,7 +28,7 @@ from benchmarks.lib.resume_check import verify
 from benchmarks.lib.run_record import committed_steps
 from benchmarks.lib.trainer_process import train_command, trainer_env
 from jaxspeech.runs import events as events_lib
-from jaxspeech.runs import status as status_lib
+from jaxspeech.runs import lifecycle as status_lib
 
 TMPFS_MB = 96  # the tiny run's files (compile cache, two checkpoints) fit with room left
 

@@ -30,7 +30,7 @@ import re
 from collections.abc import Sequence
 
 from data_prep.demo import normalize as norm
-from jaxspeech import files
+from jaxspeech.common import files
 
 TEXTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "texts")
 MOBY_DICK = os.path.join(TEXTS, "moby_dick.txt")

@@ -29,8 +29,8 @@ import numpy as np
 import soundfile as sf
 
 from data_prep.demo import make_texts, synth
-from jaxspeech import files
 from jaxspeech.audio import augment
+from jaxspeech.common import files
 
 CLEAN, NOISY = "test_natural_clean", "test_natural_noisy"
 SNR_DB = (15.0, 25.0)

@@ -59,7 +59,7 @@ from data_prep.demo import corpus_dir, espeak, make_texts, phonemes
 from data_prep.demo import sentences as sentences_lib
 from data_prep.demo import speakers as speakers_lib
 from data_prep.demo.speakers import ACCENTS, SPEAKERS, Speaker  # noqa: F401 (this module's API)
-from jaxspeech import files
+from jaxspeech.common import files
 
 # Bump when anything that changes the audio or transcripts (speakers, planning, rendering)
 # changes. The manifests' phoneme fields did not bump it: the audio and transcripts are

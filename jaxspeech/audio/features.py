@@ -273,3 +273,21 @@ def stats_to_mean_std(
     mean = np.asarray(sum_f, np.float64) / count
     var = np.maximum(np.asarray(sum_sq_f, np.float64) / count - mean**2, 0.0)
     return mean.astype(np.float32), np.maximum(np.sqrt(var), min_std).astype(np.float32)
+
+
+def reference_log_mel(audio: np.ndarray, cfg: LogMelConfig) -> np.ndarray:
+    """(S,) waveform -> (1 + S // hop, M) raw log-mel of the run's front end (librosa's
+    mel power equals `log_mel`'s; on the host: no compilation per length)."""
+    power = librosa.feature.melspectrogram(
+        y=np.asarray(audio, np.float32),
+        sr=cfg.sample_rate,
+        n_fft=cfg.n_fft,
+        hop_length=cfg.hop_length,
+        win_length=cfg.win_length,
+        n_mels=cfg.num_mel_bins,
+        fmin=cfg.fmin,
+        fmax=cfg.fmax,
+        center=True,
+        pad_mode="constant",
+    )
+    return np.log(power.T.astype(np.float64) + cfg.log_floor)

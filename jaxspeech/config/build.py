@@ -8,19 +8,20 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from ml_collections import ConfigDict
 
 from jaxspeech.audio.features import LogMelConfig
-from jaxspeech.config import defaults
+from jaxspeech.common.errors import UserError
+from jaxspeech.config import defaults, sections
 from jaxspeech.data import pipeline as pipeline_lib
 from jaxspeech.data import reader as reader_lib
-from jaxspeech.errors import UserError
 from jaxspeech.models import DTYPES, ENCODERS, model_from_arguments
 from jaxspeech.models.frontend import FeatureStats
 from jaxspeech.parallel import mesh as mesh_lib
@@ -44,6 +45,13 @@ def rules_from_config(config: ConfigDict) -> rules.Rules:
 def feature_config(config: ConfigDict) -> LogMelConfig:
     """The LogMelConfig of `config.features`."""
     return LogMelConfig(**config.features.to_dict())
+
+
+def compute_dtype(config: ConfigDict) -> str:
+    """The run's compute dtype name ("float32", "bfloat16"): its task's key
+    (model.dtype, tts.dtype, vocoder.dtype: `sections.DTYPE_KEYS`)."""
+    task = sections.task_of(config)
+    return str(defaults.lookup(config, sections.DTYPE_KEYS[task]))
 
 
 def model_arguments(config: ConfigDict, vocab_size: int) -> dict:
@@ -133,6 +141,25 @@ class ModelSpec:
         return {"params": self.params, "model_vars": self.model_vars}
 
 
+def model_spec(make: Callable[[int], nnx.Module], model_vars: dict, mesh: Mesh) -> ModelSpec:
+    """The abstract, sharded layout of the model `make(seed)` builds, with `model_vars`
+    (host arrays outside the model: the target statistics) replicated."""
+    model = nnx.eval_shape(lambda: make(0))
+    graphdef, params = nnx.split(model, nnx.Param)
+    p_shard = rules.state_shardings(params, mesh)
+    replicated = NamedSharding(mesh, PartitionSpec())
+    v_shard = jax.tree.map(lambda _: replicated, model_vars)
+    return ModelSpec(
+        graphdef=graphdef,
+        params=rules.abstract_like(nnx.to_pure_dict(params), p_shard),
+        model_vars=rules.abstract_like(model_vars, v_shard),
+        param_shardings=p_shard,
+        var_shardings=v_shard,
+        param_axes=rules.state_axes(params),
+        mesh=mesh,
+    )
+
+
 def abstract_model(config: ConfigDict, vocab_size: int, mesh: Mesh) -> ModelSpec:
     """`config.model` traced abstractly and sharded by the logical-axis rules on `mesh`."""
     model = nnx.eval_shape(lambda: make_model(config, vocab_size, 0))
@@ -195,6 +222,26 @@ def retry_policy(config: ConfigDict) -> reader_lib.RetryPolicy:
         )
     except ValueError as e:
         raise UserError(f"config.data: {e}") from e
+
+
+def loader_settings(config: ConfigDict, *, train: bool) -> dict[str, Any]:
+    """What every split pipeline (`data.pipeline.make_pipeline`, `tts.batch.make_tts_pipeline`,
+    `vocoder.batch.make_vocoder_pipeline`) takes from the config, as their keyword arguments
+    (`data.pipeline.Loading`'s fields): the seed, this process's place among the processes,
+    the batches read ahead and the read retries; in training (`train`) also the loader
+    shards and Grain workers (an evaluation pass reads in order in this process)."""
+    settings = {
+        "seed": config.seed,
+        "train": train,
+        "process_index": jax.process_index(),
+        "process_count": jax.process_count(),
+        "prefetch": config.data.prefetch,
+        "retry": retry_policy(config),
+    }
+    if train:
+        settings["loader_shards"] = int(config.data.loader_shards)
+        settings["num_workers"] = config.data.num_workers
+    return settings
 
 
 def max_corrupt_fraction(config: ConfigDict) -> float:

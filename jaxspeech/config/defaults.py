@@ -3,7 +3,7 @@
 `configs/*.py` start from `get_config()` and set only what differs (their corpus, model
 size, machine); `python -m jaxspeech.train --config.<key>=...` can override any key here
 and no other. The values are the demo's measured recipe (`configs/demo.py`, figures in
-docs/results.md) wherever that is general; corpus-shaped values (buckets, SpecAugment's
+docs/results/asr.md) wherever that is general; corpus-shaped values (buckets, SpecAugment's
 policy) follow read speech at LibriSpeech's scale. Runs saved before a key existed read it
 from here (`lookup`, `fill_missing`). `jaxspeech.config.validate` checks a config.
 
@@ -21,19 +21,29 @@ from collections.abc import Mapping
 
 from ml_collections import ConfigDict
 
+from jaxspeech.config import sections as task_sections
 from jaxspeech.decoding import attention, search
 from jaxspeech.parallel import rules, sync
 
 
-def get_config() -> ConfigDict:
-    """A fresh ConfigDict of every key at its default."""
+def get_config(task: str = "asr") -> ConfigDict:
+    """Every key a run of `task` reads, at its default: the shared sections and its own."""
+    c = _every_section(task)
+    for name in task_sections.foreign(task, list(c)):  # (a ValueError for an unknown task)
+        del c[name]
+    return c
+
+
+def _every_section(task: str) -> ConfigDict:
+    """Every task's sections (what `lookup` falls back on), optim at `task`'s values."""
     c = ConfigDict()
     c.seed = 0  # every random stream (init, data order, SpecAugment) derives from it
     # What the trainer learns: "asr" (the recognizer of config.model), "tts" (the
     # synthesizer of config.tts, on records with phonemes and durations) or "vocoder"
     # (HiFi-GAN of config.vocoder, on any prepared audio); one trainer, one loop, the
-    # task's model and data (jaxspeech.training.task).
-    c.task = "asr"
+    # task's model and data (the registry: jaxspeech.tasks). A config holds the shared
+    # sections and its task's (jaxspeech.config.sections): start it from get_config(task).
+    c.task = task
     # A run directory (its latest checkpoint) or RUN/checkpoints/<step> whose parameters
     # start this run (fine-tuning); used only when the workdir has no checkpoint yet.
     c.init_from = ""
@@ -43,7 +53,7 @@ def get_config() -> ConfigDict:
     _model(c)
     _loss(c)
     _decoding(c)
-    _optim(c)
+    _optim(c, task)
     _distill(c)
     _tts(c)
     _vocoder(c)
@@ -302,24 +312,38 @@ def _decoding(c: ConfigDict) -> None:
     c.scoring.bootstrap_samples = 1000  # resamples for the 95% interval of WER/CER; 0 = none
 
 
-def _optim(c: ConfigDict) -> None:
-    c.optim = ConfigDict()  # jaxspeech.training.optim
-    c.optim.name = "adamw"  # the one optimizer (decoupled weight decay on matrices)
+def _optim(c: ConfigDict, task: str) -> None:
+    # The model's optimizer (jaxspeech.training.optim); the vocoder's generator's, at
+    # HiFi-GAN's values (its discriminators': optim2)
+    c.optim = ConfigDict()
+    c.optim.name = "adamw"  # the one optimizer (AdamW: decoupled weight decay)
     c.optim.peak_lr = 2e-3  # with 64 s batches; 3e-3 with 32 s stayed on the blank plateau
     c.optim.warmup_steps = 150  # linear warm-up to peak_lr
-    c.optim.decay = "cosine"  # cosine (to end_lr_ratio * peak at num_steps) | noam | constant
+    # cosine (to end_lr_ratio * peak at num_steps) | noam | constant | exponential
+    c.optim.decay = "cosine"
     c.optim.end_lr_ratio = 0.02  # the cosine's final learning rate / peak_lr
+    # exponential: peak_lr * decay_rate ** (steps after warm-up / decay_steps) (HiFi-GAN's:
+    # 0.999 per epoch of LJSpeech, ~820 steps of 16 segments)
+    c.optim.decay_rate = 0.999
+    c.optim.decay_steps = 820  # exponential: steps per factor of decay_rate
     c.optim.b1 = 0.9  # Adam's first-moment decay
     c.optim.b2 = 0.98  # Adam's second-moment decay (Transformer practice, not 0.999)
     c.optim.eps = 1e-9  # Adam's epsilon (Transformer practice)
-    c.optim.weight_decay = 1e-3  # AdamW's, on weight matrices only
-    c.optim.clip_norm = 5.0  # global gradient norm clip
+    c.optim.weight_decay = 1e-3  # AdamW's decoupled weight decay, on ...
+    c.optim.weight_decay_mask = "matrices"  # ... ndim >= 2 weights only | "all" (PyTorch's)
+    c.optim.clip_norm = 5.0  # global gradient norm clip; 0 = none
+    if task == "vocoder":  # HiFi-GAN's AdamW: no warm-up, no clipping, PyTorch's eps
+        c.optim.update(peak_lr=2e-4, warmup_steps=0, decay="exponential", clip_norm=0.0)
+        c.optim.update(b1=0.8, b2=0.99, eps=1e-8, weight_decay=0.01, weight_decay_mask="all")
+    # The second model's optimizer (config.task = "vocoder": the discriminators'; ESPnet's
+    # optim2), of optim's keys: HiFi-GAN trains both models with the same AdamW.
+    c.optim2 = ConfigDict(c.optim.to_dict())
 
 
 def _distill(c: ConfigDict) -> None:
-    # Semi-supervised training (README "Semi-supervised training"): a second stream of
+    # Semi-supervised training (docs/reference.md, "Semi-supervised training"): a second stream of
     # batches mixed with the labeled train split by a schedule. With `targets` (the output
-    # of `python -m jaxspeech.distill.targets` for `other_split`) its rows learn a teacher's
+    # of `python -m jaxspeech.teach` for `other_split`) its rows learn a teacher's
     # per-frame top-k distribution (CTC students with the teacher's frame rate and
     # vocabulary); without, `other_split` is a pseudo-labeled split (the targets job's
     # --pseudo_labels) trained like labeled data, for any head.
@@ -344,7 +368,7 @@ def _tts(c: ConfigDict) -> None:
     # ends of the records (data_prep --require_phonemes), one speaker embedding per train
     # speaker; its targets are the recognizer's features (config.features, normalized by
     # the train split's statistics). data.max_tokens_per_second pads the phonemes.
-    c.tts = ConfigDict()  # the synthesizer (config.task = "tts"; jaxspeech.training.tts_task)
+    c.tts = ConfigDict()  # the synthesizer (config.task = "tts"; jaxspeech.tts.task)
     c.tts.model = ConfigDict()  # FastSpeech2's arguments; the defaults are its own
     c.tts.model.dim = 256  # model width of the encoder, decoder and embeddings
     c.tts.model.num_heads = 2  # attention heads; dim must be a multiple
@@ -356,6 +380,7 @@ def _tts(c: ConfigDict) -> None:
     c.tts.model.variance_kernel = 3  # their convolutions (odd)
     c.tts.model.embed_kernel = 9  # the pitch and energy embeddings' convolution (odd)
     c.tts.model.dropout = 0.1  # ESPnet's FastSpeech2 uses 0.1-0.2
+    c.tts.dtype = "float32"  # compute: float32 | bfloat16 (parameters stay float32)
     # Weights of jaxspeech.tts.losses.fastspeech2_loss's parts: mel L1 (normalized log-mel),
     # and the squared errors of log(1 + duration), token pitch and token energy.
     c.tts.loss = ConfigDict()  # the objective's weights
@@ -373,10 +398,9 @@ def _tts(c: ConfigDict) -> None:
 
 
 def _vocoder(c: ConfigDict) -> None:
-    # config.task = "vocoder": HiFi-GAN (jaxspeech/tts/hifigan.py) learns to turn the
-    # recognizer's raw log-mel (config.features) back into the train split's audio, on
-    # random fixed-length segments (jaxspeech.training.vocoder_task). Its own optimizers
-    # (HiFi-GAN's AdamW for the generator and the discriminators); config.optim is unused.
+    # config.task = "vocoder": HiFi-GAN (jaxspeech/vocoder/hifigan.py) turns the raw log-mel
+    # (config.features) into the train split's audio, on random fixed-length segments
+    # (jaxspeech.vocoder.task); its optimizers: optim (generator), optim2 (discriminators).
     c.vocoder = ConfigDict()  # the neural vocoder (config.task = "vocoder")
     # Samples per training segment (HiFi-GAN's 8192: 0.51 s at 16 kHz); a shorter
     # utterance is padded and its padding masked out of every loss.
@@ -387,14 +411,7 @@ def _vocoder(c: ConfigDict) -> None:
     # Discriminator sizes: "paper" (MPD + MSD, 70.7 M parameters), "demo" (0.33 M, for CPU
     # runs), "tiny" (2 periods, 2 scales, a few channels: tests).
     c.vocoder.discriminator = "paper"
-    c.vocoder.learning_rate = 2e-4  # both optimizers' initial rate (HiFi-GAN's)
-    c.vocoder.b1 = 0.8  # AdamW's first-moment decay (HiFi-GAN's 0.8)
-    c.vocoder.b2 = 0.99  # AdamW's second-moment decay (HiFi-GAN's 0.99)
-    c.vocoder.weight_decay = 0.01  # AdamW's decoupled decay (PyTorch's default, HiFi-GAN's)
-    # Exponential decay: the rate is multiplied by lr_decay every lr_decay_steps steps
-    # (HiFi-GAN: 0.999 per epoch of LJSpeech, ~820 steps of 16 segments).
-    c.vocoder.lr_decay = 0.999  # the factor ...
-    c.vocoder.lr_decay_steps = 820  # ... applied every this many steps
+    c.vocoder.dtype = "float32"  # compute: float32 | bfloat16 (parameters stay float32)
     c.vocoder.mel_weight = 45.0  # the generator's loss: 45 x log-mel L1 (the paper's) ...
     c.vocoder.feature_weight = 2.0  # ... + 2 x feature matching ...
     c.vocoder.adversarial_weight = 1.0  # ... + 1 x least-squares adversarial
@@ -496,9 +513,10 @@ def _pipeline(c: ConfigDict) -> None:
 
 
 def _sync(c: ConfigDict) -> None:
-    # How learners agree on a model (jaxspeech/parallel/sync.py; README "Choosing a sync
-    # strategy"). A learner is one replica x data group of devices. The values come from
-    # sync.default_sync_config (the one table, which also completes partial settings).
+    # How learners agree on a model (jaxspeech/parallel/sync.py; README.md, "Clusters";
+    # docs/results/other.md, "Sync strategies"). A learner is one replica x data group of
+    # devices. The values come from sync.default_sync_config (the one table, which also
+    # completes partial settings).
     s = sync.default_sync_config()
     c.sync = ConfigDict()  # see sync.default_sync_config for the values
     # allreduce (gradients every step) | bmuf (local steps, block-wise model averaging
@@ -547,17 +565,18 @@ def _sync(c: ConfigDict) -> None:
 
 # ---------------------------------------------------------------- runs from before a key
 @functools.cache
-def _defaults() -> dict:
-    return get_config().to_dict()
+def _defaults(task: str, every: bool = False) -> dict:
+    """A run of `task`'s defaults; `every`: with the other tasks' sections too."""
+    return (_every_section(task) if every else get_config(task)).to_dict()
 
 
 def lookup(config: ConfigDict | Mapping, key: str):
     """`config`'s (a ConfigDict or a saved run's dict) value of the dotted `key`, or its
-    default when `config` lacks it (a run saved before the key existed)."""
+    task's default when `config` lacks it (a run saved before the key existed)."""
     node = config
     for part in key.split("."):
         if node is None or part not in node:
-            node = _defaults()
+            node = _defaults(task_sections.task_of(config), every=True)
             for p in key.split("."):
                 node = node[p]
             return copy.deepcopy(node)
@@ -568,22 +587,14 @@ def lookup(config: ConfigDict | Mapping, key: str):
 def fill_missing(config: ConfigDict, *sections: str) -> ConfigDict:
     """Add to `config`, in place, every default key it lacks under `sections` ("decoding",
     "model.conformer"; all when none are named): a run saved before those keys existed
-    then reads as it always ran. Returns `config`."""
+    then reads as it always ran (config.task's defaults). Returns `config`."""
     for section in sections or ("",):
-        default: dict = _defaults()
+        default: dict = _defaults(task_sections.task_of(config), every=bool(sections))
         node = config
         for part in [p for p in section.split(".") if p]:
             default = default[part]
             if part not in node:
                 node[part] = ConfigDict()
             node = node[part]
-        _fill(node, default)
+        task_sections.fill(node, default)
     return config
-
-
-def _fill(node: ConfigDict, default: dict) -> None:
-    for key, value in default.items():
-        if key not in node:
-            node[key] = ConfigDict(value) if isinstance(value, dict) else copy.deepcopy(value)
-        elif isinstance(value, dict) and isinstance(node[key], ConfigDict):
-            _fill(node[key], value)

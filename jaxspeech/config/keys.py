@@ -21,7 +21,7 @@ from collections.abc import Mapping
 
 from ml_collections import ConfigDict
 
-from jaxspeech.config import defaults
+from jaxspeech.config import defaults, sections
 
 DEFAULTS_PY = pathlib.Path(defaults.__file__)
 
@@ -92,13 +92,25 @@ def flat(d: Mapping, prefix: str = "") -> dict:
     return out
 
 
-def key_comments() -> dict[str, str]:
-    """{dotted key: comment} for every leaf key of `defaults.get_config()`, in defaults.py's
-    order: its own statement's comment, or that of the table it was set in (mesh.rules.*;
-    "" for a key set by no statement, which tests/config/test_defaults.py forbids)."""
+def every_key(task: str | None = None) -> dict:
+    """{dotted key: default} of a run of `task`, or (None) of every task's sections (the
+    shared ones at the recognizer's values)."""
+    if task is not None:
+        return flat(defaults.get_config(task).to_dict())
+    out: dict = {}
+    for name in sections.TASKS:
+        out = flat(defaults.get_config(name).to_dict()) | out
+    return out
+
+
+def key_comments(task: str | None = None) -> dict[str, str]:
+    """{dotted key: comment} for every leaf key of `defaults.get_config(task)` (None: of
+    every task), in defaults.py's order: its own statement's comment, or that of the table
+    it was set in (mesh.rules.*; "" for a key set by no statement, which
+    tests/config/test_defaults.py forbids)."""
     documented = assignments(DEFAULTS_PY.read_text())
     owners = {}
-    for key in flat(defaults.get_config().to_dict()):
+    for key in every_key(task):
         owner = key
         while owner and owner not in documented:
             owner = owner.rpartition(".")[0]
@@ -112,18 +124,25 @@ def describe_keys(config: ConfigDict | None = None, width: int = 92) -> list[str
     """One entry per section and key of the defaults, in defaults.py's order: a section
     as `[section] comment`, a key as `key = default` with its comment on the indented
     lines below (a key of a table set in one statement, mesh.rules.*, shares its section's
-    comment). With `config`, each key shows that config's value, and the default after it
-    where they differ. `python -m jaxspeech.train --config_help` prints this."""
+    comment). With `config`, only its task's sections (`jaxspeech.config.sections`), each
+    key with that config's value and the task's default after it where they differ;
+    without, every task's, a section one task reads marked with it (the shared ones at
+    the recognizer's values). `python -m jaxspeech.train --config_help` prints this."""
     documented = assignments(DEFAULTS_PY.read_text())
-    base = flat(defaults.get_config().to_dict())
+    task = sections.task_of(config) if config is not None else None
+    base = every_key(task)
     given = flat(config.to_dict()) if config is not None else base
-    out, sections = [], set()
-    for key, comment in key_comments().items():
+    out, seen = [], set()
+    for key, comment in key_comments(task).items():
         section = key.rpartition(".")[0]
-        if section and section not in sections:
-            sections.add(section)
+        if section and section not in seen:
+            seen.add(section)
             if section in documented and documented[section].comment:
-                out.append(_wrap(f"[{section}] {documented[section].comment}", width, ""))
+                text = f"[{section}] {documented[section].comment}"
+                read_by = sections.owners(section.partition(".")[0])
+                if task is None and len(read_by) == 1:
+                    text += f" (config.task={read_by[0]} only)"
+                out.append(_wrap(text, width, ""))
         value = given.get(key, base[key])
         head = f"{key} = {value!r}" + (f"  (default: {base[key]!r})" if value != base[key] else "")
         if key not in documented:  # documented by its table's statement: the section line

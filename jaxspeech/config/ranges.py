@@ -101,11 +101,13 @@ RANGES: dict[str, str] = {
     "optim.peak_lr": "> 0",
     "optim.warmup_steps": ">= 0",
     "optim.end_lr_ratio": "in [0, 1]",
+    "optim.decay_rate": "in (0, 1]",
+    "optim.decay_steps": ">= 1",
     "optim.b1": "in [0, 1)",
     "optim.b2": "in [0, 1)",
     "optim.eps": "> 0",
     "optim.weight_decay": ">= 0",
-    "optim.clip_norm": "> 0",
+    "optim.clip_norm": ">= 0",  # 0 = no clipping
     "tts.model.dim": ">= 1",
     "tts.model.num_heads": ">= 1",
     "tts.model.encoder_layers": ">= 1",
@@ -126,12 +128,6 @@ RANGES: dict[str, str] = {
     "vocoder.batch_size": ">= 1",
     "vocoder.generator_channels": ">= 16",  # and a multiple of 16 (four halvings)
     "vocoder.resblocks": "in [1, 3]",
-    "vocoder.learning_rate": "> 0",
-    "vocoder.b1": "in [0, 1)",
-    "vocoder.b2": "in [0, 1)",
-    "vocoder.weight_decay": ">= 0",
-    "vocoder.lr_decay": "in (0, 1]",
-    "vocoder.lr_decay_steps": ">= 1",
     "vocoder.mel_weight": ">= 0",
     "vocoder.feature_weight": ">= 0",
     "vocoder.adversarial_weight": ">= 0",
@@ -171,6 +167,8 @@ RANGES: dict[str, str] = {
     "sync.gtc_capacity": "in (0, 1]",
     "sync.gtc_dense_steps": ">= 0",
 }
+# The vocoder's discriminators' optimizer: optim's keys, optim's ranges.
+RANGES |= {"optim2." + k[6:]: rule for k, rule in RANGES.items() if k.startswith("optim.")}
 
 Report = Callable[[str], None]
 

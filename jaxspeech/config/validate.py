@@ -23,13 +23,13 @@ import os
 
 from ml_collections import ConfigDict
 
-from jaxspeech import storage
 from jaxspeech.audio import augment, mfcc
-from jaxspeech.config import defaults, ranges, relations
+from jaxspeech.common import storage
+from jaxspeech.common.errors import UserError
+from jaxspeech.config import defaults, ranges, relations, sections
 from jaxspeech.config.ranges import RANGES, Report, get, show, under
 from jaxspeech.data import mixing
 from jaxspeech.decoding import search
-from jaxspeech.errors import UserError
 from jaxspeech.losses import distill as distill_losses
 from jaxspeech.losses.kernels import common as loss_kernels
 from jaxspeech.metrics import trackers
@@ -43,10 +43,11 @@ __all__ = ["CHOICES", "FILES", "RANGES", "mistakes", "split_names", "validate"]
 
 # What jaxspeech.training.optim builds (it sits above this layer).
 OPTIMIZERS = ("adamw",)
-DECAYS = ("cosine", "noam", "constant")
-# What jaxspeech.training.task trains (config.task).
+DECAYS = ("cosine", "noam", "constant", "exponential")
+WEIGHT_DECAY_MASKS = ("matrices", "all")
+# The tasks config.task may name: those of the registry (jaxspeech.tasks; tests/test_tasks.py).
 TASKS = ("asr", "tts", "vocoder")
-# The discriminator sizes jaxspeech.runs.vocoder_loading builds (config.vocoder.discriminator).
+# The discriminator sizes jaxspeech.vocoder.loading builds (config.vocoder.discriminator).
 VOCODER_DISCRIMINATORS = ("paper", "demo", "tiny")
 
 # key -> its allowed values, from the code that reads the key. decoding.method is checked
@@ -72,6 +73,12 @@ CHOICES: dict[str, tuple] = {
     "distill.rest": distill_losses.REST_MODES,
     "optim.name": OPTIMIZERS,
     "optim.decay": DECAYS,
+    "optim.weight_decay_mask": WEIGHT_DECAY_MASKS,
+    "optim2.name": OPTIMIZERS,
+    "optim2.decay": DECAYS,
+    "optim2.weight_decay_mask": WEIGHT_DECAY_MASKS,
+    "tts.dtype": tuple(DTYPES),
+    "vocoder.dtype": tuple(DTYPES),
     "sync.strategy": sync.STRATEGIES,
     "sync.outer": sync.OUTER_METHODS,
     "sync.gtc_values": sync.GTC_VALUES,
@@ -98,14 +105,20 @@ def validate(config: ConfigDict, *, devices: int | None = None) -> None:
 
 
 def mistakes(config: ConfigDict, *, devices: int | None = None) -> list[str]:
-    """Every mistake of `config`, one line each, section by section (empty: none)."""
-    out, missing = _key_mistakes(config)
+    """Every mistake of `config`, one line each, section by section (empty: none): the
+    shared sections' and config.task's own (`jaxspeech.config.sections`)."""
+    out: list[str] = []
+    if "task" not in config or not _choice(config, "task", out.append):
+        return out or ["task is missing (asr, tts or vocoder: it decides the sections)"]
+    more, missing = _key_mistakes(config)
+    out += more
     # Keys the config lacks are read at their defaults (from a copy): each lack is
     # reported once above, and every check below can read every key. The rules table
     # stays as given (its entries are checked whole by `rules.rules_from_config`).
     table = defaults.lookup(config, "mesh.rules")
     view = defaults.fill_missing(ConfigDict(config.to_dict())) if missing else config
-    for check in (_data, _features, _augmentation, _model, _decoding, _distill, _tts, _train):
+    own = TASK_CHECKS[config.task]
+    for check in (_data, _features, *own, _train):
         check(view, out.append)
     _mesh_and_sync(view, table, devices, out.append)
     return out
@@ -158,19 +171,26 @@ def _leaves(d: dict, prefix: str = "") -> set[str]:
 
 
 @functools.cache
-def _default_keys() -> frozenset[str]:
-    return frozenset(_leaves(defaults.get_config().to_dict()))
+def _default_keys(task: str) -> frozenset[str]:
+    return frozenset(_leaves(defaults.get_config(task).to_dict()))
 
 
 def _key_mistakes(config: ConfigDict) -> tuple[list[str], bool]:
-    """(lines for the keys `config` has that the defaults do not, since a typo would be
-    silently ignored, and for the keys it lacks; whether it lacks any)."""
-    have, known = _leaves(config.to_dict()), _default_keys()
-    home = "jaxspeech/config/defaults.py"
+    """(lines for the keys `config` has that its task's do not, since a typo would be
+    ignored (another task's sections: one line), and for those it lacks; whether any)."""
+    task = config.task
+    home = f"jaxspeech/config/defaults.py, get_config(task={task!r})"
+    foreign = sections.foreign(task, list(config))
+    absent = [n for n in sections.sections(task) if n not in config]
+    lines = [sections.not_read(task, foreign) + f": build it from {home}"] if foreign else []
+    lines += [sections.not_there(task, absent) + f": build it from {home}"] if absent else []
+    have = {k for k in _leaves(config.to_dict()) if k.partition(".")[0] not in foreign}
+    known = {k for k in _default_keys(task) if k.partition(".")[0] not in absent}
     missing = sorted(known - have)
-    lines = [f"{k} is not a config key (none such in {home})" for k in sorted(have - known)]
+    for k in sorted(have - known):
+        lines.append(sections.old_key_hint(k) or f"{k} is not a config key (none such in {home})")
     lines += [f"{k} is missing (every key of {home} must be set)" for k in missing]
-    return lines, bool(missing)
+    return lines, bool(missing or absent)
 
 
 REMOTE_FILES = ("decoding.lm_path",)  # may be s3://, gs:// (read when the LM is loaded)
@@ -213,7 +233,7 @@ def _features(c: ConfigDict, report: Report) -> None:
     uses_mfcc = kind_ok and c.features.kind == "mfcc"
     ranges.check(c, [k for k in under("features.") if uses_mfcc or k not in MFCC_KEYS], report)
     relations.features(c, report)
-    if uses_mfcc:
+    if uses_mfcc and c.task == "asr":  # (the other tasks need log-mel: reported there)
         relations.mfcc(c, report)
 
 
@@ -423,14 +443,9 @@ def _distill(c: ConfigDict, report: Report) -> None:
 
 
 def _tts(c: ConfigDict, report: Report) -> None:
-    """config.task: a known task; with "tts", the synthesizer's settings (checked only
-    then) and what it needs of the shared ones: log-mel targets, all-reduce learners, no
-    pipeline stages, no distillation."""
-    if not _choice(c, "task", report) or c.task == "asr":
-        return
-    if c.task == "vocoder":
-        _vocoder(c, report)
-        return
+    """task=tts: the synthesizer's settings and what it needs of the shared ones: log-mel
+    targets, all-reduce learners, no pipeline stages."""
+    _choice(c, "tts.dtype", report)
     if ranges.check(c, under("tts."), report):
         m = c.tts.model
         if m.dim % m.num_heads:
@@ -443,7 +458,6 @@ def _tts(c: ConfigDict, report: Report) -> None:
         "features.kind": ("log_mel", "the synthesizer predicts log-mel frames"),
         "sync.strategy": ("allreduce", "its objective is a mean over the global batch"),
         "mesh.stage": (1, "pipeline stages split the recognizer's encoder"),
-        "distill.other_split": ("", "distillation trains a recognizer"),
     }
     for key, (value, why) in needs.items():
         if get(c, key) != value:
@@ -453,8 +467,9 @@ def _tts(c: ConfigDict, report: Report) -> None:
 def _vocoder(c: ConfigDict, report: Report) -> None:
     """task=vocoder: its own settings, and what its two-model step does not support (one
     line each): it inverts log-mel, updates both models once per step on the whole batch,
-    all-reduce only, no pipeline stages, no distillation."""
+    all-reduce only, no pipeline stages. Its optimizers are checked with config.optim's."""
     _choice(c, "vocoder.discriminator", report)
+    _choice(c, "vocoder.dtype", report)
     if ranges.check(c, under("vocoder."), report) and c.vocoder.generator_channels % 16:
         report(
             "vocoder.generator_channels must be a multiple of 16 (halved at each of the 4 "
@@ -466,17 +481,26 @@ def _vocoder(c: ConfigDict, report: Report) -> None:
         "train.grad_accum": (1, "the step updates the discriminator, then the generator"),
         "sync.strategy": ("allreduce", "the step has two models and two optimizers"),
         "mesh.stage": (1, "pipeline stages split the recognizer's encoder"),
-        "distill.other_split": ("", "distillation trains a recognizer"),
     }
     for key, (value, why) in needs.items():
         if get(c, key) != value:
             report(f"task=vocoder needs {key}={value!r} ({why}), got {show(get(c, key))}")
 
 
+# config.task -> the checks of its own sections (the shared ones': `mistakes`).
+TASK_CHECKS = {
+    "asr": (_augmentation, _model, _decoding, _distill),
+    "tts": (_tts,),
+    "vocoder": (_vocoder,),
+}
+
+
 def _train(c: ConfigDict, report: Report) -> None:
-    ranges.check(c, ["seed", *under("optim."), *under("train."), *under("monitor.")], report)
-    _choice(c, "optim.name", report)
-    _choice(c, "optim.decay", report)
+    ranges.check(c, ["seed", *under("train."), *under("monitor.")], report)
+    for section in ("optim", "optim2") if c.task == "vocoder" else ("optim",):
+        ranges.check(c, under(f"{section}."), report)
+        for key in ("name", "decay", "weight_decay_mask"):
+            _choice(c, f"{section}.{key}", report)
     for line in trackers.mistakes(c.monitor.trackers):
         report(line)
     try:
@@ -562,7 +586,7 @@ def _mesh_and_sync(c: ConfigDict, entries, devices: int | None, report: Report) 
     ranges.check(c, under("mesh."), report)
     shape = relations.mesh_shape(c, devices, report)
     table = relations.rules_table(entries, report)
-    if shape is not None and shape["stage"] > 1:
+    if shape is not None and shape["stage"] > 1 and c.task == "asr":  # (else reported)
         _pipeline(c, shape["stage"], report)
         if c.sync.strategy != "allreduce":
             return  # reported there, once

@@ -151,45 +151,86 @@ class LoadBatch:
             out.append(rec)
         return out, reports, retries
 
+    def fault(self, record: int, error: str) -> dict:
+        """The fault report of global record `record` that `read` gave as usable but a
+        task's loader cannot use (`problem`): {record, shard, index, error}, as `read`'s."""
+        local = record
+        if self.records_in_paths is not None:
+            local = int(np.searchsorted(self.records_in_paths, record))
+        shard, index = self.reader.locate(local)
+        return {"record": record, "shard": self.shard_paths[shard], "index": index, "error": error}
+
+    # The three hooks a task's loader overrides (`tts.batch`, `vocoder.batch`): its padding
+    # rows, what makes a readable record unusable, and one record -> one example row.
+    HOST_TEXT = True  # with_text adds the rows' transcripts ("text") beside their ids
+
+    def empty(self, planned: PlannedBatch) -> dict[str, np.ndarray]:
+        """The batch of `planned` as padding rows, which `fill` fills in place."""
+        bucket = planned.bucket
+        b, s = len(planned.indices), self.spec.num_samples(bucket)
+        return empty_batch(b, s, self.spec.max_labels[bucket])
+
+    def problem(self, rec: dict) -> str | None:
+        """Why a decoded record cannot be used (a corrupt row, reported in "faults"), or
+        None: every record with audio and a transcript serves the recognizer."""
+        return None
+
+    def fill(self, out: dict, row: int, rec: dict, planned: PlannedBatch) -> str:
+        """Puts one usable record into row `row` of `out` (augmented from the augmentation
+        epoch on); returns its normalized transcript. A transcript too long for the bucket
+        is counted (label_overflow), never truncated: the row keeps weight 0."""
+        s, u = out["audio"].shape[1], out["labels"].shape[1]
+        audio = reader_lib.audio_float32(rec)
+        if self.augment is not None and planned.epoch >= self.augment_from_epoch:
+            # Tag 4: a stream apart from the plan's (seed, epoch, 1|2|3) ones.
+            record = int(planned.indices[row])
+            rng = np.random.default_rng([self.augment_seed, planned.epoch, 4, record])
+            audio = self.augment(audio, rng, float(planned.speeds[row]))
+        check_fits(rec, audio, s)
+        text = normalize_text(rec["text"])
+        labels = self.tokenizer.encode(text)
+        out["audio"][row, : len(audio)] = audio
+        out["audio_len"][row] = len(audio)
+        if len(labels) > u:
+            out["label_overflow"][row] = 1
+            return text
+        out["labels"][row, : len(labels)] = labels
+        out["label_len"][row] = len(labels)
+        out["weight"][row] = 1.0
+        return text
+
     def __call__(self, planned: PlannedBatch) -> dict:
-        bucket, indices = planned.bucket, np.asarray(planned.indices)
-        b, s, u = len(indices), self.spec.num_samples(bucket), self.spec.max_labels[bucket]
-        out = empty_batch(b, s, u)
+        """One host batch: the planned records read (`read`), each usable one `fill`ed into
+        its row, the others padding rows marked corrupt with their reason in "faults"."""
+        indices = np.asarray(planned.indices)
+        b = len(indices)
+        out = self.empty(planned)
         texts, ids = [""] * b, [""] * b
         real = [i for i in range(b) if indices[i] != PAD_INDEX]
         recs, out["faults"], out["read_retries"] = self.read(indices[real]) if real else ([], [], 0)
         for row, rec in zip(real, recs):
-            if rec is None:
+            problem = None if rec is None else self.problem(rec)
+            if rec is None or problem is not None:
                 out["corrupt"][row] = 1
+                if problem is not None:  # an unreadable record is in "faults" already
+                    out["faults"].append(self.fault(int(indices[row]), problem))
                 continue
-            audio = reader_lib.audio_float32(rec)
-            if self.augment is not None and planned.epoch >= self.augment_from_epoch:
-                # Tag 4: a stream apart from the plan's (seed, epoch, 1|2|3) ones.
-                rng = np.random.default_rng(
-                    [self.augment_seed, planned.epoch, 4, int(indices[row])]
-                )
-                audio = self.augment(audio, rng, float(planned.speeds[row]))
-            if len(audio) > s:
-                raise ValueError(
-                    f"record {rec['id']} has {len(audio)} samples, more than its bucket's {s}: "
-                    "the split index does not match the shards; re-run data_prep.prepare"
-                )
-            text = normalize_text(rec["text"])
-            labels = self.tokenizer.encode(text)
-            texts[row], ids[row] = text, rec["id"]
-            out["audio"][row, : len(audio)] = audio
-            out["audio_len"][row] = len(audio)
-            if len(labels) > u:
-                # Too many tokens for this bucket's fixed label width: counted, never truncated.
-                out["label_overflow"][row] = 1
-                continue
-            out["labels"][row, : len(labels)] = labels
-            out["label_len"][row] = len(labels)
-            out["weight"][row] = 1.0
+            texts[row], ids[row] = self.fill(out, row, rec, planned), rec["id"]
         if self.with_text:
-            out["text"] = texts
+            if self.HOST_TEXT:
+                out["text"] = texts
             out["id"] = ids
         return out
+
+
+def check_fits(rec: dict, audio: np.ndarray, samples: int) -> None:
+    """Raises ValueError when a record's audio is longer than its bucket's `samples`: the
+    split index and the shards disagree."""
+    if len(audio) > samples:
+        raise ValueError(
+            f"record {rec['id']} has {len(audio)} samples, more than its bucket's {samples}: "
+            "the split index does not match the shards; re-run data_prep.prepare"
+        )
 
 
 @dataclasses.dataclass
@@ -359,6 +400,64 @@ def _short_plan(
     return BatchPlan(durations, prefix, shuffle=True, augment_from_epoch=augment_from_epoch, **kw)
 
 
+@dataclasses.dataclass(frozen=True)
+class Loading:
+    """How this process loads a split, whatever the task's examples: the plan's seed,
+    training (shuffled, epoch-repeated) or one ordered pass, this process's place among
+    `process_count`, the loader shards (0: one per process), Grain worker processes,
+    batches read ahead, and how transient read errors are retried."""
+
+    seed: int
+    train: bool
+    process_index: int = 0
+    process_count: int = 1
+    loader_shards: int = 0
+    num_workers: int = 0
+    prefetch: int = 2
+    retry: reader_lib.RetryPolicy = reader_lib.DEFAULT_RETRY
+
+
+# A task's loader over this process's shard files: (the buckets, the files' paths, their
+# record counts, the global indices they hold or None for the whole split) -> the loader.
+MakeLoad = Callable[[BucketSpec, list[str], list[int], np.ndarray | None], LoadBatch]
+
+
+def split_pipeline(
+    data_dir: str,
+    split: str,
+    spec: BucketSpec | Callable[[records.SplitIndex], BucketSpec],
+    loading: Loading,
+    make_load: MakeLoad,
+    **plan_options,
+) -> Pipeline:
+    """The skeleton of every task's pipeline (`make_pipeline`, `tts.batch`'s,
+    `vocoder.batch`'s): the split's index, this process's plan and shard files
+    (`plan_split`, with `plan_options`), and the task's loader over those files. `spec`:
+    the buckets, or a function of the split's index giving them.
+
+    Raises:
+      FileNotFoundError: the split was never prepared.
+      reader.ShardError: a shard this process reads is missing or damaged.
+      ValueError: settings that do not fit the split.
+    """
+    index = records.read_split_index(data_dir, split)
+    if callable(spec):
+        spec = spec(index)
+    plan, paths, counts, in_paths = plan_split(
+        index,
+        spec,
+        f"{data_dir}/{split}",
+        seed=loading.seed,
+        train=loading.train,
+        process_index=loading.process_index,
+        process_count=loading.process_count,
+        loader_shards=loading.loader_shards,
+        **plan_options,
+    )
+    load = make_load(spec, paths, counts, in_paths)
+    return Pipeline(plan, load, index, num_workers=loading.num_workers, prefetch=loading.prefetch)
+
+
 def make_pipeline(
     *,
     data_dir: str,
@@ -398,32 +497,33 @@ def make_pipeline(
         another number of records than the index says (checked here, before any work).
       ValueError: settings that do not fit the split.
     """
-    index = records.read_split_index(data_dir, split)
-    plan, paths, counts, in_paths = plan_split(
-        index,
+    loading = Loading(
+        seed, train, process_index, process_count, loader_shards, num_workers, prefetch, retry
+    )
+
+    def load(spec: BucketSpec, paths: list[str], counts: list[int], in_paths) -> LoadBatch:
+        return LoadBatch(
+            paths,
+            counts,
+            tokenizer_dir,
+            spec,
+            with_text=not train if with_text is None else with_text,
+            augment=augment if train else None,
+            augment_seed=seed,
+            augment_from_epoch=augment_from_epoch,
+            records_in_paths=in_paths,
+            retry=retry,
+        )
+
+    return split_pipeline(
+        data_dir,
+        split,
         spec,
-        f"{data_dir}/{split}",
-        seed=seed,
-        train=train,
-        process_index=process_index,
-        process_count=process_count,
-        loader_shards=loader_shards,
+        loading,
+        load,
         speeds=speeds,
         augment=augment,
         augment_from_epoch=augment_from_epoch,
         short_first_steps=short_first_steps,
         short_first_seconds=short_first_seconds,
     )
-    load = LoadBatch(
-        paths,
-        counts,
-        tokenizer_dir,
-        spec,
-        with_text=not train if with_text is None else with_text,
-        augment=augment if train else None,
-        augment_seed=seed,
-        augment_from_epoch=augment_from_epoch,
-        records_in_paths=in_paths,
-        retry=retry,
-    )
-    return Pipeline(plan, load, index, num_workers=num_workers, prefetch=prefetch)

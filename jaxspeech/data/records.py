@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxspeech import files, storage
+from jaxspeech.common import files, storage
 
 MAGIC = b"JSR1"
 AUDIO_FORMATS = ("pcm_s16le", "flac")
@@ -165,34 +165,53 @@ def encode_record(
         if len(phonemes.split(" ")) != len(ends):
             raise ValueError(f"{len(ends)} phoneme_ends for {len(phonemes.split(' '))} phonemes")
         header["phonemes"], header["phoneme_ends"] = str(phonemes), ends
+    return frame(MAGIC, header, _encode_payload(audio_i16, sample_rate, audio_format))
+
+
+def frame(magic: bytes, header: dict[str, Any], payload: bytes) -> bytes:
+    """`magic` (4 bytes) | uint32 little-endian header length | UTF-8 JSON `header` |
+    `payload`: the framing of every record the project stores (utterances here, the
+    teacher's targets in `distill.records`)."""
     header_bytes = json.dumps(header, ensure_ascii=False).encode("utf-8")
-    payload = _encode_payload(audio_i16, sample_rate, audio_format)
-    return _PREFIX.pack(MAGIC, len(header_bytes)) + header_bytes + payload
+    return _PREFIX.pack(magic, len(header_bytes)) + header_bytes + payload
 
 
-def _split(data: bytes) -> tuple[dict[str, Any], memoryview]:
+def unframe(
+    data: bytes, magic: bytes, keys: Sequence[str], what: str = "record"
+) -> tuple[dict[str, Any], memoryview]:
+    """`frame`'s bytes -> (the JSON header, the payload as a view of `data`).
+
+    Raises:
+      ValueError: "corrupt <what>: ..." for bytes shorter than the prefix, another magic, a
+        header length past the end, a header that is no JSON object or lacks one of `keys`.
+    """
     view = memoryview(data)
     if len(view) < _PREFIX.size:
-        raise ValueError(f"corrupt record: {len(view)} bytes is shorter than the 8-byte prefix")
-    magic, header_len = _PREFIX.unpack_from(view)
-    if magic != MAGIC:
-        raise ValueError(f"corrupt record: bad magic {bytes(magic)!r}, expected {MAGIC!r}")
+        raise ValueError(f"corrupt {what}: {len(view)} bytes is shorter than the 8-byte prefix")
+    found, header_len = _PREFIX.unpack_from(view)
+    if found != magic:
+        raise ValueError(f"corrupt {what}: bad magic {bytes(found)!r}, expected {magic!r}")
     end = _PREFIX.size + header_len
     if end > len(view):
         raise ValueError(
-            f"corrupt record: header length {header_len} exceeds the {len(view)}-byte record"
+            f"corrupt {what}: header length {header_len} exceeds the {len(view)}-byte record"
         )
     try:
         header = json.loads(bytes(view[_PREFIX.size : end]).decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"corrupt record: unreadable JSON header ({e})") from e
-    if not isinstance(header, dict) or any(k not in header for k in _HEADER_KEYS):
-        raise ValueError(f"corrupt record: header lacks one of {_HEADER_KEYS}")
+        raise ValueError(f"corrupt {what}: unreadable JSON header ({e})") from e
+    if not isinstance(header, dict) or any(k not in header for k in keys):
+        raise ValueError(f"corrupt {what}: header lacks one of {tuple(keys)}")
+    return header, view[end:]
+
+
+def _split(data: bytes) -> tuple[dict[str, Any], memoryview]:
+    header, payload = unframe(data, MAGIC, _HEADER_KEYS)
     if header["audio_format"] not in AUDIO_FORMATS:
         raise ValueError(f"corrupt record {header['id']!r}: audio_format {header['audio_format']}")
     if ("phonemes" in header) != ("phoneme_ends" in header):
         raise ValueError(f"corrupt record {header['id']!r}: phonemes without phoneme_ends")
-    return header, view[end:]
+    return header, payload
 
 
 def decode_header(data: bytes) -> dict[str, Any]:
@@ -314,7 +333,7 @@ def read_split_index(data_dir: str, split: str) -> SplitIndex:
     the ones a process will read; `data_prep.verify` checks them all).
 
     ``data_dir`` may be an object-store URL: the split is mirrored into the local cache
-    first (`jaxspeech.storage.local_data`) and read there.
+    first (`jaxspeech.common.storage.local_data`) and read there.
 
     Raises:
       FileNotFoundError: the split was never prepared (the message says how to prepare it).

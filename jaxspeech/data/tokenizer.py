@@ -12,7 +12,7 @@ import json
 import os
 from collections.abc import Iterable, Sequence
 
-from jaxspeech import files
+from jaxspeech.common import files
 
 BLANK_ID = 0
 UNK_ID = 1

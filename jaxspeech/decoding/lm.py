@@ -24,9 +24,9 @@ import os
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from jaxspeech import storage
+from jaxspeech.common import storage
+from jaxspeech.common.errors import UserError
 from jaxspeech.data.tokenizer import BLANK_ID, UNK, UNK_ID, Tokenizer
-from jaxspeech.errors import UserError
 
 LN10 = math.log(10.0)
 _SPM_SPACE = "\u2581"  # SentencePiece's word-boundary marker

@@ -31,13 +31,13 @@ import numpy as np
 from flax import nnx
 from ml_collections import ConfigDict
 
+from jaxspeech.common.errors import UserError
 from jaxspeech.data.tokenizer import Tokenizer
 from jaxspeech.decoding import attention_device
 from jaxspeech.decoding import ctc as ctc_decoding
 from jaxspeech.decoding import rnnt as rnnt_decoding
 from jaxspeech.decoding.lm import fusion_from_config
 from jaxspeech.decoding.rnnt_fusion import PredictorBeam, rnnt_beam_search_fused
-from jaxspeech.errors import UserError
 from jaxspeech.models import inference
 from jaxspeech.parallel import mesh as mesh_lib
 

@@ -1,6 +1,6 @@
 """A teacher-labeling job: the request and its checks, the loaded teacher on the mesh, and
 the labeling of one shard (top-k targets per frame, written under a temporary name and
-marked complete), resumable shard by shard (see `jaxspeech.distill.targets`)."""
+marked complete), resumable shard by shard (see `jaxspeech.teach`)."""
 
 from __future__ import annotations
 
@@ -17,14 +17,14 @@ from flax import nnx
 from jax.sharding import Mesh
 from ml_collections import ConfigDict
 
-from jaxspeech import files, storage
+from jaxspeech.common import files, storage
+from jaxspeech.common.errors import UserError
 from jaxspeech.data import pipeline as pipeline_lib
 from jaxspeech.data import reader as reader_lib
 from jaxspeech.data import records
 from jaxspeech.data.tokenizer import Tokenizer
 from jaxspeech.decoding import ctc as ctc_decoding
 from jaxspeech.distill import records as trecords
-from jaxspeech.errors import UserError
 from jaxspeech.parallel import mesh as mesh_lib
 from jaxspeech.runs import assets, loading
 from jaxspeech.runs import checkpoint as ckpt_lib

@@ -1,7 +1,7 @@
 """Pseudo-labels from a teacher's targets: the prepared split `python -m
-jaxspeech.distill.targets --pseudo_labels PDIR` writes (the confident records with the
+jaxspeech.teach --pseudo_labels PDIR` writes (the confident records with the
 teacher's transcripts, the source's audio and statistics, the teacher's tokenizer).
-Called by `jaxspeech.distill.targets` per shard and once at the end."""
+Called by `jaxspeech.teach` per shard and once at the end."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from jaxspeech import storage
+from jaxspeech.common import storage
 from jaxspeech.data import reader as reader_lib
 from jaxspeech.data import records
 from jaxspeech.data.tokenizer import Tokenizer, normalize_text

@@ -9,7 +9,7 @@ The JSON header holds ``{id, num_frames, k, index_dtype, transcript, confidence,
 T' = ``num_frames`` teacher (encoder) frames, each with its K most probable labels, best
 first, and their log-posteriors. ``index_dtype`` is "int16" when the vocabulary fits (V <=
 32767), else "int32". ``transcript`` is the teacher's greedy CTC transcript and
-``confidence`` its score (`jaxspeech.distill.targets`). A record whose utterance could not
+``confidence`` its score (`jaxspeech.teach`). A record whose utterance could not
 be labelled (unreadable, longer than the teacher's last bucket) keeps its place with
 ``missing`` = {"kind", "reason"}, zero frames, no arrays and ``confidence`` null, so record
 j of targets shard i is always the target of record j of input shard i.
@@ -24,14 +24,14 @@ from __future__ import annotations
 
 import json
 import os
-import struct
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from jaxspeech import files
+from jaxspeech.common import files
 from jaxspeech.data import reader as reader_lib
+from jaxspeech.data import records as data_records
 
 MAGIC = b"JTT1"
 SUMMARY_FILE = "targets.json"
@@ -40,7 +40,6 @@ TEMP_SUFFIX = ".tmp"
 INDEX_DTYPES = {"int16": "<i2", "int32": "<i4"}
 LOGPROB_DTYPE = "<f2"
 
-_PREFIX = struct.Struct("<4sI")  # magic, header length
 _HEADER_KEYS = ("id", "num_frames", "k", "index_dtype", "transcript", "confidence", "missing")
 
 
@@ -137,12 +136,11 @@ def encode_target_record(
         "confidence": None if confidence is None else float(confidence),
         "missing": missing,
     }
-    header_bytes = json.dumps(header, ensure_ascii=False).encode("utf-8")
     payload = (
         indices.astype(INDEX_DTYPES[index_dtype]).tobytes()
         + logprobs.astype(LOGPROB_DTYPE).tobytes()
     )
-    return _PREFIX.pack(MAGIC, len(header_bytes)) + header_bytes + payload
+    return data_records.frame(MAGIC, header, payload)
 
 
 def decode_target_record(data: bytes) -> dict[str, Any]:
@@ -156,31 +154,19 @@ def decode_target_record(data: bytes) -> dict[str, Any]:
     Raises:
       ValueError: the bytes are not a target record (magic, lengths or header).
     """
-    view = memoryview(data)
-    if len(view) < _PREFIX.size:
-        raise ValueError(f"corrupt target record: {len(view)} bytes is shorter than the prefix")
-    magic, header_len = _PREFIX.unpack_from(view)
-    if magic != MAGIC:
-        raise ValueError(f"corrupt target record: bad magic {bytes(magic)!r}, expected {MAGIC!r}")
-    end = _PREFIX.size + header_len
-    try:
-        header = json.loads(bytes(view[_PREFIX.size : end]).decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"corrupt target record: unreadable JSON header ({e})") from e
-    if not isinstance(header, dict) or any(k not in header for k in _HEADER_KEYS):
-        raise ValueError(f"corrupt target record: header lacks one of {_HEADER_KEYS}")
+    header, payload = data_records.unframe(data, MAGIC, _HEADER_KEYS, "target record")
     if header["index_dtype"] not in INDEX_DTYPES:
         raise ValueError(f"corrupt target record: index_dtype {header['index_dtype']!r}")
     shape = (int(header["num_frames"]), int(header["k"]))
     idx_dtype = np.dtype(INDEX_DTYPES[header["index_dtype"]])
     idx_bytes = shape[0] * shape[1] * idx_dtype.itemsize
-    if len(view) - end != idx_bytes + shape[0] * shape[1] * 2:
+    if len(payload) != idx_bytes + shape[0] * shape[1] * 2:
         raise ValueError(
-            f"corrupt target record {header['id']!r}: payload of {len(view) - end} bytes "
+            f"corrupt target record {header['id']!r}: payload of {len(payload)} bytes "
             f"for {shape} {header['index_dtype']} indices and float16 log-probs"
         )
-    indices = np.frombuffer(view[end : end + idx_bytes], idx_dtype).reshape(shape)
-    logprobs = np.frombuffer(view[end + idx_bytes :], LOGPROB_DTYPE).reshape(shape)
+    indices = np.frombuffer(payload[:idx_bytes], idx_dtype).reshape(shape)
+    logprobs = np.frombuffer(payload[idx_bytes:], LOGPROB_DTYPE).reshape(shape)
     return header | {"indices": indices, "logprobs": logprobs}
 
 
@@ -226,7 +212,7 @@ class TargetsReader:
 
 
 def read_targets(output: str, split: str) -> TargetsReader:
-    """The targets `python -m jaxspeech.distill.targets --output OUT --split NAME` wrote.
+    """The targets `python -m jaxspeech.teach --output OUT --split NAME` wrote.
 
     Raises:
       FileNotFoundError: OUT/NAME has no targets.json: the job has not finished (run it

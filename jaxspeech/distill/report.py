@@ -7,7 +7,7 @@ import os
 
 import jax
 
-from jaxspeech import storage
+from jaxspeech.common import storage
 from jaxspeech.distill import records as trecords
 from jaxspeech.distill.job import Job
 

@@ -14,12 +14,12 @@ import numpy as np
 from flax import nnx
 from ml_collections import ConfigDict
 
+from jaxspeech.common.errors import UserError
 from jaxspeech.config import build
 from jaxspeech.data import mixing
 from jaxspeech.data.pipeline import PAD_INDEX, PlannedBatch
 from jaxspeech.data.tokenizer import Tokenizer
 from jaxspeech.distill import records as targets_lib
-from jaxspeech.errors import UserError
 
 
 def student_frames(config: ConfigDict, vocab_size: int) -> tuple[int, list[int]]:

@@ -9,10 +9,11 @@ from collections.abc import Callable
 import jax
 from ml_collections import ConfigDict
 
+from jaxspeech.common.errors import UserError
 from jaxspeech.config import build, defaults, validate
 from jaxspeech.decoding import search
-from jaxspeech.errors import UserError
 from jaxspeech.evaluation import scoring
+from jaxspeech.evaluation.splits import parse_splits
 from jaxspeech.parallel import rules
 from jaxspeech.runs import checkpoint as ckpt_lib
 from jaxspeech.runs import loading, remote
@@ -135,7 +136,7 @@ def evaluate_splits(
     try:
         config = run_eval_config(workdir, method, beam, max_corrupt_fraction, decoding)
         data_dir = data_dir or config.data.dir
-        splits = splits or scoring.parse_splits(config.data.eval_split)
+        splits = splits or parse_splits(config.data.eval_split)
         with rules.axis_rules(build.rules_from_config(config)):
             run = loading.load_run(workdir, step=step, config=config)
             decode = search.make_decode_fn(run.spec.graphdef, config, run.tokenizer.blank_id)

@@ -7,7 +7,6 @@ the evaluation CLI and the checkpoint watcher call."""
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from collections.abc import Callable
@@ -16,13 +15,14 @@ import jax
 import numpy as np
 from ml_collections import ConfigDict
 
-from jaxspeech import files
-from jaxspeech.config import build, validate
+from jaxspeech.common import files
+from jaxspeech.common.errors import UserError
+from jaxspeech.config import build
 from jaxspeech.data import pipeline as pipeline_lib
 from jaxspeech.data import records
 from jaxspeech.data.tokenizer import Tokenizer
 from jaxspeech.decoding import search
-from jaxspeech.errors import UserError
+from jaxspeech.evaluation import splits
 from jaxspeech.metrics.wer import ErrorCounts, Normalizer, bootstrap_interval, load_mapping
 from jaxspeech.parallel import mesh as mesh_lib
 from jaxspeech.runs import faults
@@ -45,19 +45,6 @@ def normalizer_from_config(config: ConfigDict) -> Normalizer:
         except (OSError, ValueError) as e:
             raise UserError(f"scoring.mapping_file: {e}") from e
     return Normalizer(sc.lowercase, sc.remove_punctuation, mapping)
-
-
-def parse_splits(text: str) -> list[str]:
-    """ "dev,test" -> ["dev", "test"]: the splits evaluation scores, in order (the first
-    one's WER chooses the best checkpoint; `jaxspeech.config.validate.split_names`).
-
-    Raises:
-      UserError: an empty name or a split named twice.
-    """
-    try:
-        return validate.split_names(text)
-    except ValueError as e:
-        raise UserError(str(e)) from e
 
 
 def summarize_utterances(rows: list[dict], config: ConfigDict) -> dict:
@@ -86,24 +73,6 @@ def summarize_utterances(rows: list[dict], config: ConfigDict) -> dict:
     return out
 
 
-def eval_bucket_spec(config: ConfigDict, durations: np.ndarray, multiple_of: int):
-    """Eval buckets (else the training ones) plus one up to the longest utterance.
-
-    The extra bucket makes sure every utterance of the split is scored.
-    """
-    bounds = list(config.data.eval_bucket_boundaries or config.data.bucket_boundaries)
-    longest = float(durations.max()) if len(durations) else 0.0
-    if longest > bounds[-1]:
-        bounds.append(float(math.ceil(longest)))
-    return pipeline_lib.make_bucket_spec(
-        bounds,
-        config.data.batch_seconds,
-        config.data.max_tokens_per_second,
-        config.features.sample_rate,
-        multiple_of=multiple_of,
-    )
-
-
 def _eval_pipeline(
     config: ConfigDict,
     mesh,
@@ -113,20 +82,14 @@ def _eval_pipeline(
     tokenizer_dir: str,
 ) -> pipeline_lib.Pipeline:
     """One pass over every utterance of the split (its `index`), in order, with text and
-    ids, batched for `mesh` (`eval_bucket_spec`)."""
-    multiple_of = math.lcm(mesh_lib.num_batch_shards(mesh), jax.process_count())
-    spec = eval_bucket_spec(config, index.durations, multiple_of)
+    ids, batched for `mesh` (`splits.split_buckets`)."""
+    spec = splits.split_buckets(config, mesh, index)
     return pipeline_lib.make_pipeline(
         data_dir=data_dir,
         split=split,
         tokenizer_dir=tokenizer_dir,
         spec=spec,
-        seed=config.seed,
-        train=False,
-        process_index=jax.process_index(),
-        process_count=jax.process_count(),
-        prefetch=config.data.prefetch,
-        retry=build.retry_policy(config),
+        **build.loader_settings(config, train=False),
     )
 
 

@@ -27,18 +27,20 @@ from contextlib import closing
 
 import jax
 
-from jaxspeech import files
+from jaxspeech.common import files
+from jaxspeech.common.errors import UserError
 from jaxspeech.config import build
 from jaxspeech.decoding import search
-from jaxspeech.errors import UserError
 from jaxspeech.evaluation import run as eval_run
 from jaxspeech.evaluation import scoring
+from jaxspeech.evaluation.splits import parse_splits
 from jaxspeech.metrics.writers import MetricWriter
 from jaxspeech.parallel import mesh as mesh_lib
 from jaxspeech.parallel import rules
 from jaxspeech.runs import checkpoint as ckpt_lib
 from jaxspeech.runs import lease as lease_lib
-from jaxspeech.runs import loading, status
+from jaxspeech.runs import lifecycle as status
+from jaxspeech.runs import loading
 from jaxspeech.runs.events import log
 
 PROGRESS = os.path.join("eval", "watch.json")
@@ -126,7 +128,7 @@ def watch(
     except (FileNotFoundError, ValueError) as e:
         raise UserError(str(e)) from e
     data_dir = data_dir or config.data.dir
-    splits = splits or scoring.parse_splits(config.data.eval_split)
+    splits = splits or parse_splits(config.data.eval_split)
     tag = eval_run.result_tag(config, method, beam, decoding)
     progress = load_progress(workdir, splits)
     # The training run's TensorBoard directory (another event file in it), and every

@@ -25,8 +25,8 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
-from jaxspeech import files
-from jaxspeech.errors import UserError
+from jaxspeech.common import files
+from jaxspeech.common.errors import UserError
 from jaxspeech.metrics.tracker_backends import PACKAGES, Backend, make_backend
 
 TRACKERS = ("tensorboard", *PACKAGES)

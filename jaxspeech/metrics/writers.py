@@ -17,7 +17,7 @@ from collections.abc import Mapping
 import jax
 import numpy as np
 
-from jaxspeech import files
+from jaxspeech.common import files
 from jaxspeech.metrics import trackers as trackers_lib
 from jaxspeech.metrics.trackers import Trackers
 

@@ -31,7 +31,7 @@ def build_model(*, encoder: str, encoder_kwargs: dict, **kwargs) -> ASRModel:
 
 
 def model_from_arguments(arguments: dict, rngs: nnx.Rngs) -> ASRModel:
-    """`build_model` from JSON-able arguments (`jaxspeech.training.state.model_arguments`: the
+    """`build_model` from JSON-able arguments (`jaxspeech.config.build.model_arguments`: the
     feature settings as a dict, the dtype by name), so that a process with the model code
     alone (the ONNX converter's) builds the same model."""
     kwargs = dict(arguments)

@@ -289,6 +289,12 @@ def num_batch_shards(mesh: Mesh) -> int:
     return int(np.prod([mesh.shape[n] for n in names]))
 
 
+def unit_rows(mesh: Mesh, rows: int) -> int:
+    """At least `rows` global rows, a multiple of the batch shards and the processes."""
+    unit = math.lcm(num_batch_shards(mesh), jax.process_count())
+    return unit * max(1, math.ceil(rows / unit))
+
+
 def host_to_global(mesh: Mesh, local: Mapping[str, np.ndarray]) -> dict[str, jax.Array]:
     """Assemble each host's slice of the batch into global arrays sharded over the batch."""
     return {

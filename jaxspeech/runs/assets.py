@@ -13,11 +13,11 @@ import jax
 import numpy as np
 from ml_collections import ConfigDict
 
-from jaxspeech import files, storage
 from jaxspeech.audio.features import stats_to_mean_std
+from jaxspeech.common import files, storage
+from jaxspeech.common.errors import UserError
 from jaxspeech.config import build
 from jaxspeech.data.tokenizer import Tokenizer
-from jaxspeech.errors import UserError
 
 ASSETS = "assets"  # RUN/assets: the run's own tokenizer and feature statistics
 

@@ -44,7 +44,7 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 from orbax.checkpoint import checkpoint_managers as policies
 
-from jaxspeech import storage
+from jaxspeech.common import storage
 from jaxspeech.runs import remote
 
 MODEL, TRAIN, DATA_ITER, META = "model", "train", "data_iter", "meta"

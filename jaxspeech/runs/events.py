@@ -12,7 +12,7 @@ import time
 
 import jax
 
-from jaxspeech import files
+from jaxspeech.common import files
 
 EVENTS = "events.jsonl"
 

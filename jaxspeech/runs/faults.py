@@ -19,8 +19,8 @@ import os
 
 import jax
 
+from jaxspeech.common.errors import UserError
 from jaxspeech.data.records import SplitIndex
-from jaxspeech.errors import UserError
 from jaxspeech.runs import events
 
 FAULTS_DIR = "data_faults"

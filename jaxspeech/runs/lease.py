@@ -45,8 +45,8 @@ import time
 import uuid
 from collections.abc import Callable
 
-from jaxspeech import files, storage
-from jaxspeech.errors import UserError
+from jaxspeech.common import files, storage
+from jaxspeech.common.errors import UserError
 
 LEASE = "lease.json"
 TAKEOVER_SUFFIX = ".takeover"

@@ -12,7 +12,7 @@ import os
 from jax.sharding import Mesh
 from ml_collections import ConfigDict
 
-from jaxspeech.config import build
+from jaxspeech.config import build, sections
 from jaxspeech.data.tokenizer import Tokenizer
 from jaxspeech.runs import assets, remote
 from jaxspeech.runs import checkpoint as ckpt_lib
@@ -20,7 +20,8 @@ from jaxspeech.runs import checkpoint as ckpt_lib
 
 # ---------------------------------------------------------------- a finished run
 def load_run_config(workdir: str) -> ConfigDict:
-    """The resolved config a run was trained with (RUN/config.json)."""
+    """The resolved config a run was trained with (RUN/config.json), in its task's layout
+    (a run saved with every task's sections reads as one of today's: `sections.per_task`)."""
     path = os.path.join(remote.read_copy(workdir), "config.json")
     if not os.path.exists(path):
         raise FileNotFoundError(
@@ -28,7 +29,7 @@ def load_run_config(workdir: str) -> ConfigDict:
             "(train one with `python -m jaxspeech.train --workdir ...`)"
         )
     with open(path) as f:
-        return ConfigDict(json.load(f))
+        return ConfigDict(sections.per_task(json.load(f)))
 
 
 @dataclasses.dataclass

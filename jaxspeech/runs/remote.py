@@ -41,8 +41,8 @@ import shutil
 import tempfile
 import time
 
-from jaxspeech import files, storage
-from jaxspeech.files import TEMP_MARK
+from jaxspeech.common import files, storage
+from jaxspeech.common.files import TEMP_MARK
 
 PARTS = ".parts"
 PUSH_EVERY_S = 30.0

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+from collections.abc import Callable
 
-from jaxspeech import files
-from jaxspeech.errors import UserError
+from jaxspeech.common import files
+from jaxspeech.common.errors import UserError
 
 MANIFEST = "manifest.json"
 ARTIFACT = "jaxspeech-export"  # the manifest's "artifact": written by an export
@@ -120,6 +122,22 @@ def publish(stage: str, output: str, manifest: dict) -> None:
     files.replace_dir(stage, output)  # nothing is at `output` now: a rename
     if old is not None:
         _remove_listed(old, listed, output)
+
+
+def write_and_publish(output: str, write: Callable[[str], dict]) -> dict:
+    """Runs `write(stage)` (an export writing its files into a fresh staging directory
+    beside `output`, `files.staging_dir`, and returning the manifest), then `publish`es the
+    stage as `output`; returns the manifest. A failure (a full disk, an error, a kill)
+    removes the stage: `output` keeps the previous export (or nothing), never half of one.
+    """
+    stage = files.staging_dir(output)
+    try:
+        manifest = write(stage)
+        publish(stage, output, manifest)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    return manifest
 
 
 def _remove_listed(old: str, listed: list[str], output: str) -> None:

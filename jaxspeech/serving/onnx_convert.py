@@ -2,9 +2,9 @@
 environment (`make install-onnx`: jax2onnx cannot share the main install, see the
 Makefile): `python -m jaxspeech.serving.onnx_convert --input STAGE --output DIR`.
 
-STAGE (written by `jaxspeech.export.stage_for_conversion`) holds `model.json` (the
-model's `build_model` arguments, the sample rate, the functions to convert) and
-`arrays.npz` (the parameters and feature statistics by path). Each function of
+STAGE (written by `jaxspeech.serving.recognizer_export.stage_for_conversion`) holds
+`model.json` (the model's `build_model` arguments, the sample rate, the functions to
+convert) and `arrays.npz` (the parameters and feature statistics by path). Each function of
 `jaxspeech.models.inference` becomes `DIR/<name>.onnx`, with the same symbolic batch and
 length as the StableHLO artifact, and its parameters inside. The last stdout line is
 JSON: name -> {"file", "inputs", "outputs", "seconds"}.
@@ -20,6 +20,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -34,27 +35,42 @@ ARRAYS = "arrays.npz"
 def load_staged(stage: str):
     """STAGE -> (graphdef, params, model_vars, description): the abstract model of the
     staged arguments filled with the staged arrays, every path checked."""
-    with open(os.path.join(stage, MODEL_JSON)) as f:
-        described = json.load(f)
+    described, arrays = read_stage(stage)
     abstract = nnx.eval_shape(lambda: model_from_arguments(described["arguments"], nnx.Rngs(0)))
     graphdef, params, model_vars = nnx.split(abstract, nnx.Param, ...)
+    params = staged_tree(arrays, "params", nnx.to_pure_dict(params))
+    model_vars = staged_tree(arrays, "model_vars", nnx.to_pure_dict(model_vars))
+    return graphdef, params, model_vars, described
+
+
+def read_stage(stage: str) -> tuple[dict, dict[str, np.ndarray]]:
+    """STAGE (`stage_arrays`'s) -> (MODEL_JSON's description, ARRAYS's arrays by
+    "<part>/<path>"): what every converter starts from."""
+    with open(os.path.join(stage, MODEL_JSON)) as f:
+        described = json.load(f)
     with np.load(os.path.join(stage, ARRAYS)) as npz:
         arrays = dict(npz)
-    trees = {"params": nnx.to_pure_dict(params), "model_vars": nnx.to_pure_dict(model_vars)}
-    filled = {}
-    for part, tree in trees.items():
-        want = inference.flat_arrays(tree)
-        got = {k[len(part) + 1 :]: v for k, v in arrays.items() if k.startswith(part + "/")}
-        if set(want) != set(got):
-            raise ValueError(
-                f"staged {part} do not match the model: missing {sorted(set(want) - set(got))}, "
-                f"unexpected {sorted(set(got) - set(want))}"
-            )
-        for k, a in want.items():
-            if tuple(a.shape) != got[k].shape:
-                raise ValueError(f"staged {part} {k}: shape {got[k].shape}, model {a.shape}")
-        filled[part] = inference.unflatten_like(tree, got)
-    return graphdef, filled["params"], filled["model_vars"], described
+    return described, arrays
+
+
+def staged_tree(arrays: dict[str, np.ndarray], part: str, tree: dict) -> dict:
+    """The staged arrays of `part` laid out as `tree` (an abstract model's pure dict of
+    shapes), every path and shape checked.
+
+    Raises:
+      ValueError: a path missing or unexpected, or an array of another shape.
+    """
+    want = inference.flat_arrays(tree)
+    got = {k[len(part) + 1 :]: v for k, v in arrays.items() if k.startswith(part + "/")}
+    if set(want) != set(got):
+        raise ValueError(
+            f"staged {part} do not match the model: missing {sorted(set(want) - set(got))}, "
+            f"unexpected {sorted(set(got) - set(want))}"
+        )
+    for k, a in want.items():
+        if tuple(a.shape) != got[k].shape:
+            raise ValueError(f"staged {part} {k}: shape {got[k].shape}, model {a.shape}")
+    return inference.unflatten_like(tree, got)
 
 
 def _einsum_operands(equation: str, w_rank: int):
@@ -170,6 +186,46 @@ def convert(stage: str, output: str) -> dict:
     return out
 
 
+def stage_arrays(where: str, described: dict, trees: dict[str, dict]) -> None:
+    """Write what a converter reads into `where`: `described` as MODEL_JSON and each of
+    `trees` (host arrays) as ARRAYS entries "<part>/<path>"."""
+    with open(os.path.join(where, MODEL_JSON), "w") as f:
+        json.dump(described, f)
+    arrays = {}
+    for part, tree in trees.items():
+        arrays |= {f"{part}/{k}": np.asarray(v) for k, v in inference.flat_arrays(tree).items()}
+    np.savez(os.path.join(where, ARRAYS), **arrays)
+
+
+def write_onnx(
+    fn: Callable, specs: tuple, name: str, inputs: tuple, outputs: tuple, output: str
+) -> dict:
+    """jax2onnx's conversion of one function `fn` at `specs` -> DIR/<name>.onnx (Einsums as
+    MatMuls, as the recognizer's): the synthesizer's and the vocoder's converters ->
+    {"file", "einsum_to_matmul", "seconds"}."""
+    import onnx  # noqa: PLC0415 (the converter environment's packages)
+    from jax2onnx import to_onnx  # noqa: PLC0415
+
+    path = os.path.join(output, f"{name}.onnx")
+    if os.path.exists(path):
+        os.remove(path)
+    t0 = time.perf_counter()
+    to_onnx(
+        fn,
+        inputs=list(specs),
+        input_names=list(inputs),
+        output_names=list(outputs),
+        model_name=name,
+        return_mode="file",
+        output_path=path,
+    )
+    model = onnx.load(path)
+    rewritten = einsum_to_matmul(model)
+    onnx.save(model, path)  # these models' parameters stay far below protobuf's 2 GB
+    seconds = round(time.perf_counter() - t0, 2)
+    return {"file": os.path.basename(path), "einsum_to_matmul": rewritten, "seconds": seconds}
+
+
 def _rewrite_file(path: str) -> int:
     """einsum_to_matmul on an ONNX file, saved back (external data past 1.5 GB, as the
     protobuf limit is 2 GB)."""
@@ -185,16 +241,32 @@ def _rewrite_file(path: str) -> int:
     return count
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def converter_main(
+    convert_fn: Callable[[str, str], dict], doc: str, output_help: str, argv: list[str] | None
+) -> None:
+    """The command line every converter module shares (this one, `jaxspeech.tts.acoustic`,
+    `jaxspeech.vocoder.generator`): `--input STAGE --output DIR` -> `convert_fn(STAGE, DIR)`,
+    its report printed as JSON on the last stdout line (what `staging.run_converter`
+    reads). `doc`: the module's docstring, whose first paragraph is the help's."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--input", required=True, help="Staging directory.")
-    parser.add_argument("--output", required=True, help="Directory for the .onnx files.")
+    parser.add_argument("--output", required=True, help=output_help)
     args = parser.parse_args(argv)
-    print(json.dumps(convert(args.input, args.output)), flush=True)
+    print(json.dumps(convert_fn(args.input, args.output)), flush=True)
+
+
+def run_converter_process(main_fn: Callable[[], object]) -> None:
+    """`python -m CONVERTER`'s body: trace on the CPU (one device is all a conversion
+    needs), onnx_ir's warnings off (one per untyped intermediate shape value: thousands of
+    lines), then `main_fn()`; exits with its status."""
+    jax.config.update("jax_platforms", "cpu")
+    logging.getLogger("onnx_ir").setLevel(logging.ERROR)
+    sys.exit(main_fn())
+
+
+def main(argv: list[str] | None = None) -> None:
+    converter_main(convert, __doc__, "Directory for the .onnx files.", argv)
 
 
 if __name__ == "__main__":
-    jax.config.update("jax_platforms", "cpu")
-    # onnx_ir warns once per untyped intermediate shape value (thousands of lines).
-    logging.getLogger("onnx_ir").setLevel(logging.ERROR)
-    sys.exit(main())
+    run_converter_process(main)

@@ -22,6 +22,7 @@ class FileProgress:
 
     `update(done_s)` as the audio gets done, `close()` once at the end (also after a
     failure: a terminal's line is ended, so what follows starts on a line of its own).
+    `unit` other than "s": a count of things instead (`tts.synthesis`: sentences).
     """
 
     def __init__(
@@ -34,8 +35,10 @@ class FileProgress:
         every_s: float = 10.0,
         redraw_s: float = 0.2,
         clock: Callable[[], float] = time.monotonic,
+        unit: str = "s",
     ):
         self.name, self.total_s, self.stream, self.tty = name, max(total_s, 1e-9), stream, tty
+        self.unit = unit  # "s": seconds of audio; else a count ("sentences") and its rate
         self.every_s, self.redraw_s, self.clock = every_s, redraw_s, clock
         self.t0 = clock()
         self.last_write = -float("inf")
@@ -45,14 +48,20 @@ class FileProgress:
         self.update(0.0)  # at once: the total is known before anything is decoded
 
     def line(self) -> str:
-        """`name [#####.....] 61.2/7200.0 s  1%  35.1x real time`."""
+        """`name [#####.....] 61.2/7200.0 s  1%  35.1x real time` (another unit:
+        `name [##........] 12/96 sentences  12%  1.5 sentences/s`)."""
         frac = min(1.0, self.done_s / self.total_s)
         filled = int(frac * BAR)
         elapsed = self.clock() - self.t0
-        speed = f"{self.done_s / elapsed:.1f}x real time" if self.done_s and elapsed > 0 else "-"
+        seconds = self.unit == "s"
+        rate = self.done_s / elapsed if self.done_s and elapsed > 0 else None
+        speed = "-" if rate is None else f"{rate:.1f}x real time"
+        done = f"{self.done_s:.1f}/{self.total_s:.1f} s"
+        if not seconds:
+            speed = "-" if rate is None else f"{rate:.1f} {self.unit}/s"
+            done = f"{self.done_s:.0f}/{self.total_s:.0f} {self.unit}"
         return (
-            f"{self.name} [{'#' * filled}{'.' * (BAR - filled)}] "
-            f"{self.done_s:.1f}/{self.total_s:.1f} s {100 * frac:3.0f}% {speed}"
+            f"{self.name} [{'#' * filled}{'.' * (BAR - filled)}] {done} {100 * frac:3.0f}% {speed}"
         )
 
     def update(self, done_s: float, final: bool = False) -> None:

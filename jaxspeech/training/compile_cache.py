@@ -16,7 +16,7 @@ import os
 
 import jax
 
-from jaxspeech import storage
+from jaxspeech.common import storage
 
 MAX_BYTES = 16 * 2**30  # the bound set when the user set none (least recently used go)
 

@@ -11,17 +11,16 @@ from __future__ import annotations
 import json
 import os
 
-import jax
 from jax.sharding import Mesh
 from ml_collections import ConfigDict
 
-from jaxspeech import storage
 from jaxspeech.audio import augment
+from jaxspeech.common import storage
+from jaxspeech.common.errors import UserError
 from jaxspeech.config import build, defaults
 from jaxspeech.data import mixing
 from jaxspeech.data import pipeline as pipeline_lib
 from jaxspeech.data import reader as reader_lib
-from jaxspeech.errors import UserError
 
 
 def read_noise_list(path: str) -> tuple[str, ...]:
@@ -151,13 +150,7 @@ def _split_pipeline(
             split=split,
             tokenizer_dir=tokenizer_dir,
             spec=spec,
-            seed=config.seed,
-            train=True,
-            process_index=jax.process_index(),
-            process_count=jax.process_count(),
-            loader_shards=int(config.data.loader_shards),
-            num_workers=config.data.num_workers,
-            prefetch=config.data.prefetch,
+            **build.loader_settings(config, train=True),
             speeds=augmenter.cfg.speeds if augmenter and speed else (1.0,),
             augment=augmenter,
             # A run from before the key: augmentation from the start, as it was then.
@@ -167,7 +160,6 @@ def _split_pipeline(
             else 0,
             short_first_seconds=float(defaults.lookup(config, "data.short_first_seconds")),
             with_text=bool(config.monitor.log_batch_ids),
-            retry=build.retry_policy(config),
         )
     except (FileNotFoundError, reader_lib.ShardError) as e:
         raise UserError(str(e)) from e

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxspeech import files
+from jaxspeech.common import files
 from jaxspeech.data import pipeline as pipeline_lib
 from jaxspeech.metrics import images, perf
 from jaxspeech.parallel import mesh as mesh_lib

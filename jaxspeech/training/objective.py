@@ -110,7 +110,7 @@ def transducer_encoder_scale(loss_cfg: ConfigDict, step: jax.Array) -> jax.Array
     joiner: its gradient flattens the encoder output (measured on the demo: time
     variation 0.20 of the output's mean norm at step 200, against 0.43 in a run that
     learned), and the encoder never learns alignments. Whether learning outran that
-    collapse depended on the step's random draws (README, "Models, losses and decoders").
+    collapse depended on the step's random draws (docs/results/asr.md, section 1).
     So an acoustic-only loss teaches the encoder first: CTC when the model has a CTC head,
     else the simple joiner's acoustic half (`am_only_weight`).
     """

@@ -11,7 +11,7 @@ optimizers in its setup; pipeline stages shard the same leaves over the stage ax
 
 Trees are pure nested dicts: `params` (the `nnx.Param`s), `model_vars` (the front end's
 `FeatureStats`: {"frontend": {"mean", "std"}}; a synthesizer's also {"pitch": {"mean",
-"std"}}, its targets' statistics, `training.tts_task`) and the optax state.
+"std"}}, its targets' statistics, `tts.task`) and the optax state.
 `init_train_state` builds the recognizer's; `state_on_mesh` any model's from its spec.
 """
 

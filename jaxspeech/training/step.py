@@ -71,7 +71,7 @@ def make_step(
 
     `grads_fn(params, model_vars, batch, key, step) -> (summed gradients, sums)` is the
     task's objective over the whole batch (the recognizer's: `make_train_step`; the
-    synthesizer's: `jaxspeech.training.tts_objective`); sums hold "objective" and the
+    synthesizer's: `jaxspeech.tts.objective`); sums hold "objective" and the
     counts `objective.normalizer` divides it by, so the update is of the per-token mean.
 
     A step whose objective or gradient norm is not finite changes nothing but the step

@@ -3,10 +3,11 @@
 `train_and_evaluate` builds a `Trainer` and runs it; the trainer reads top to bottom:
 setup -> assets -> data -> model & optimizer -> restore -> the loop (step, log,
 evaluate, checkpoint, preemption) -> final evaluation. What the run learns is its task's
-(`jaxspeech.training.task`: the recognizer, or `tts_task`'s synthesizer): its assets,
-loader, model, step, evaluation and samples; everything else here is shared by every
-task. The model, its sharded state and the step come from the library
-(`jaxspeech.training.state`, `jaxspeech.training.step`); this module only drives them.
+(a `jaxspeech.training.task.Task` the caller's factory builds: `jaxspeech.tasks` passes
+the recognizer's, the synthesizer's or the vocoder's): its assets, loader, model, step,
+evaluation and samples; everything else here is shared by every task. The model, its
+sharded state and the step come from the library (`jaxspeech.training.state`,
+`jaxspeech.training.step`); this module only drives them.
 Rerunning in the same RUN resumes from the latest checkpoint. Lifecycle events go to
 RUN/events.jsonl (`jaxspeech.runs.events`).
 """
@@ -21,11 +22,11 @@ import jax
 import numpy as np
 from ml_collections import ConfigDict
 
-from jaxspeech import files, storage
+from jaxspeech.common import files, storage
+from jaxspeech.common.errors import TrainingDiverged, UserError
 from jaxspeech.config import build, defaults
 from jaxspeech.config.validate import validate
 from jaxspeech.data import pipeline as pipeline_lib
-from jaxspeech.errors import TrainingDiverged, UserError
 from jaxspeech.evaluation import scoring as eval_lib
 from jaxspeech.metrics import perf
 from jaxspeech.metrics import trackers as trackers_lib
@@ -43,10 +44,11 @@ from jaxspeech.training import task as task_lib
 from jaxspeech.training.update import micro_batch_key, step_key
 
 
-def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
-    """Trains `config` in `workdir` (resuming if it holds checkpoints); returns the final
-    evaluation ({} when train.run_steps stopped early, {"preempted_at_step"} on
-    preemption, {"interrupted_at_step"} after a Ctrl-C)."""
+def train_and_evaluate(config: ConfigDict, workdir: str, make_task: task_lib.TaskFactory) -> dict:
+    """Trains `config` in `workdir` (resuming if it holds checkpoints) with the task
+    `make_task(config, mesh)` builds (`jaxspeech.tasks.train_and_evaluate` passes the
+    registry's); returns the final evaluation ({} when train.run_steps stopped early,
+    {"preempted_at_step"} on preemption, {"interrupted_at_step"} after a Ctrl-C)."""
     validate(config, devices=jax.device_count())  # every mistake at once, before any work
     if storage.is_remote(config.data.dir):
         storage.check_bucket(config.data.dir)  # one line now, not after the model is built
@@ -69,7 +71,7 @@ def train_and_evaluate(config: ConfigDict, workdir: str) -> dict:
         with rules.axis_rules(table):
             trainer = None
             try:
-                trainer = Trainer(config, workdir, mesh, held)
+                trainer = Trainer(config, workdir, mesh, held, make_task)
                 return trainer.run()
             except lease_lib.LeaseLost:
                 raise  # the run is another job's now: write nothing more to it
@@ -90,7 +92,14 @@ class Trainer:
     its static parts (optimizer, schedule, strategy, shardings).
     """
 
-    def __init__(self, config: ConfigDict, workdir: str, mesh, lease: lease_lib.Lease | None):
+    def __init__(
+        self,
+        config: ConfigDict,
+        workdir: str,
+        mesh,
+        lease: lease_lib.Lease | None,
+        make_task: task_lib.TaskFactory,
+    ):
         # ---------------------------------------------------------- setup
         # A run on an object store is written in a local working copy and pushed
         # (runs/remote.py); its checkpoints are written to the store directly.
@@ -107,7 +116,7 @@ class Trainer:
             f"devices: {jax.device_count()} x {jax.devices()[0].device_kind}, "
             f"{jax.process_count()} process(es); mesh {dict(mesh.shape)}"
         )
-        self.task = task_lib.task_from_config(config, mesh)
+        self.task = make_task(config, mesh)
         crash.note_run(workdir)  # a native crash's log goes there; each phase names a step
         crash.phase("installing assets")
         self.task.install_assets(workdir, self.copy.remote)
@@ -182,7 +191,9 @@ class Trainer:
         )
         self.task.init_monitoring(self.setup, self.writer)
         device_kind = jax.devices()[0].device_kind
-        self.peak = perf.peak_flops_per_device(device_kind, config.model.dtype, mon.peak_tflops)
+        self.peak = perf.peak_flops_per_device(
+            device_kind, build.compute_dtype(config), mon.peak_tflops
+        )
         if not mon.count_flops:
             self.peak = None  # no model FLOPs, no MFU
             log("MFU: off (monitor.count_flops=False)")
@@ -313,7 +324,7 @@ class Trainer:
             self.log_totals(start, stop, t_start)
         return self.finish(stop)
 
-    def train_one(self, step: int, stop: int) -> tuple[int, dict, dict | None]:
+    def train_one(self, step: int, stop: int) -> tuple[int, dict, task_lib.EvalResult | None]:
         """One step: read the batch, run the compiled step, account faults and skipped
         steps, log, evaluate when due (before saving, so the checkpoint carries its WER
         for best-checkpoint keeping). Returns (steps done, the host batch, evaluation)."""
@@ -361,7 +372,7 @@ class Trainer:
             self.events.write("stopped", step=stop, num_steps=num_steps)
             self.close()
             return {}
-        result = {}
+        result = None
         if self.config.train.eval_at_end:
             if self.preemption.interrupted:  # Ctrl-C while the last save committed
                 return self.stop_preempted(num_steps)
@@ -370,11 +381,10 @@ class Trainer:
         self.events.write(
             "finished",
             step=num_steps,
-            **({"split": result["split"]} if "split" in result else {}),
-            **(self.task.headline(result) if result else {}),
+            **({"split": result.split, **result.headline} if result else {}),
         )
         self.close()
-        return result
+        return result.raw if result else {}
 
     # ------------------------------------------------------------------ step pieces
     def compiled_step(self, batch: dict, step: int) -> tuple:
@@ -463,30 +473,30 @@ class Trainer:
         return self.state.params
 
     # ------------------------------------------------------------------ evaluation
-    def evaluate(self, step: int) -> dict:
+    def evaluate(self, step: int) -> task_lib.EvalResult:
         """The task's scores of each split of config.data.eval_split (WER/CER, or the
         synthesizer's losses and MCD), to RUN/eval/, TensorBoard and the console. Returns
-        the first split's result: its `task.best_metric` ranks the checkpoints."""
+        the first split's result: its `best` ranks the checkpoints."""
         crash.phase(f"evaluating step {step}")
         params = self.model_params()
         results = []
         for split in self.eval_splits:
             with self.goodput.phase("eval"), jax.set_mesh(self.mesh):
                 result = self.task.evaluate_split(
-                    split, params, self.state.model_vars, self.eval_faults
+                    split, step, params, self.state.model_vars, self.eval_faults
                 )
-            path = eval_lib.write_result(self.workdir, result, step)
+            path = eval_lib.write_result(self.workdir, result.raw, step)
             if self.writer.trackers is not None:
                 self.writer.trackers.file(step, path, f"eval/{os.path.basename(path)}")
             self.push()
-            self.writer.scalars(step, self.task.eval_scalars(result))
-            log(self.task.describe_result(result, step))
-            self.events.write("evaluated", step=step, split=split, **self.task.headline(result))
+            self.writer.scalars(step, result.scalars)
+            log(result.description)
+            self.events.write("evaluated", step=step, split=split, **result.headline)
             results.append(result)
         return results[0]
 
     # ------------------------------------------------------------------ checkpoints
-    def save(self, done: int, why: str, eval_result: dict | None) -> None:
+    def save(self, done: int, why: str, eval_result: task_lib.EvalResult | None) -> None:
         """Start an asynchronous save of everything a resume needs."""
         # On an object store: the logs up to this step are there before the checkpoint
         # can commit, so a kill after the commit loses none (a resume logs only later steps).
@@ -504,11 +514,7 @@ class Trainer:
                     "reason": why,
                     "data_faults": self.faults.budget.state(),
                 },
-                metrics=(
-                    {self.task.best_metric_name: self.task.best_metric(eval_result)}
-                    if eval_result
-                    else None
-                ),
+                metrics=({self.task.best_metric_name: eval_result.best} if eval_result else None),
             )
         log(f"checkpoint {done} ({why}): saving in the background ({time.time() - t0:.1f}s)")
         self.events.write("checkpoint_saved", step=done, reason=why)

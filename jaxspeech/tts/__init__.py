@@ -1,4 +1,5 @@
-"""Text-to-speech: a FastSpeech2-style acoustic model (tokens -> log-mel frames) with its
-length regulator and losses, and the vocoders that turn those frames into audio (Griffin-Lim
-on the host; HiFi-GAN's generator, discriminators and losses). Data and training live
-elsewhere."""
+"""The text-to-speech task (FastSpeech2-style): the acoustic model (tokens -> log-mel
+frames) with its length regulator and losses, its batches, objective, trainer task,
+evaluation, export, run loading, and speech from text (`synthesis`, `frontend`: what
+`python -m jaxspeech.synthesize` runs). It hears its audio through the vocoder's declared
+interface (`jaxspeech.vocoder.inference`) or Griffin-Lim (`jaxspeech.audio.griffin_lim`)."""

@@ -22,7 +22,7 @@ def frame_tokens(durations_bn: jax.Array, num_frames: int) -> tuple[jax.Array, j
     ends_bn = jnp.cumsum(durations_bn.astype(jnp.int32), axis=1)
     frames_t = jnp.arange(num_frames, dtype=jnp.int32)
     # A count of comparisons, not jnp.searchsorted: its binary search loops log2(N) times,
-    # which a symbolic N (the exported model's phoneme length, `serving.tts_export`)
+    # which a symbolic N (the exported model's phoneme length, `tts.artifact`)
     # cannot give; (T, N) comparisons per row are small next to the decoder.
     index_bt = jnp.sum(ends_bn[:, None, :] <= frames_t[None, :, None], axis=-1)
     return index_bt.astype(jnp.int32), ends_bn[:, -1]

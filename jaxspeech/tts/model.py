@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxspeech.errors import UserError
+from jaxspeech.common.errors import UserError
 from jaxspeech.models.conformer import ConformerBlock
 from jaxspeech.models.layers import (
     Dense,
@@ -42,7 +42,7 @@ PAD_ID = 0
 
 def zero(x: jax.Array) -> jax.Array:
     """A () zero of x's dtype: `jnp.where`'s fill. A Python 0 is weakly typed, which jax
-    keeps at x's dtype but jax2onnx's conversion (`serving.tts_export`) widens to 64 bits."""
+    keeps at x's dtype but jax2onnx's conversion (`tts.artifact`) widens to 64 bits."""
     return jnp.zeros((), x.dtype)
 
 

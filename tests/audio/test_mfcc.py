@@ -19,14 +19,14 @@ from data_prep import config as prep_config
 from data_prep import prepare as prep
 from data_prep.readers.common import PrepareError
 from jaxspeech.audio import features, mfcc
+from jaxspeech.common.errors import UserError
 from jaxspeech.config import build, validate
 from jaxspeech.data import records
 from jaxspeech.data.tokenizer import train_char_tokenizer
-from jaxspeech.errors import UserError
 from jaxspeech.models import inference
 from jaxspeech.models.frontend import Frontend
 from jaxspeech.runs import assets
-from jaxspeech.serving import export as export_lib
+from jaxspeech.serving import recognizer_export as export_lib
 
 RATE = 16000
 MFCC_13 = dict(kind="mfcc", num_ceps=13, lifter=22.0)

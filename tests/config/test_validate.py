@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from configs import conformer, demo
+from configs import conformer, demo, tts
+from jaxspeech.common.errors import UserError
 from jaxspeech.config import defaults, validate
-from jaxspeech.errors import UserError
 from jaxspeech.training import optim
 from tests.config.test_defaults import SHIPPED, shipped
 
@@ -16,7 +16,10 @@ HERE = __file__  # a file that exists (an "LM" for the greedy-with-LM mistake)
 
 
 def tiny(*settings: tuple[str, object]):
+    """configs/demo.py:tiny with `settings`; ("task", "tts") first: configs/tts.py:tiny."""
     config = demo.get_config("tiny")
+    if settings and settings[0] == ("task", "tts"):
+        config, settings = tts.get_config("tiny"), settings[1:]
     for key, value in settings:
         *head, last = key.split(".")
         node = config
@@ -183,11 +186,16 @@ MISTAKES = [
     ([("task", "tts"), ("features.kind", "mfcc")], "task=tts needs features.kind='log_mel'"),
     ([("task", "tts"), ("sync.strategy", "bmuf")], "task=tts needs sync.strategy='allreduce'"),
     ([("task", "tts"), ("mesh.stage", 2)], "task=tts needs mesh.stage=1"),
-    ([("task", "tts"), ("distill.other_split", "u")], "task=tts needs distill.other_split=''"),
+    (
+        [("task", "tts"), ("model", {"dtype": "bfloat16"})],
+        "config.model is not read by a tts run (config.task=tts); its compute dtype is "
+        "config.tts.dtype: build it from jaxspeech/config/defaults.py, get_config(task='tts')",
+    ),
+    ([("task", "tts"), ("tts.dtype", "float16")], "tts.dtype: unknown dtype 'float16'"),
     ([("task", "tts"), ("tts.model.conv_kernel", 4)], "tts.model.conv_kernel must be odd"),
     (
         [("task", "tts"), ("tts.model.num_heads", 3)],
-        "tts.model.dim must be a multiple of tts.model.num_heads=3, got 256",
+        "tts.model.dim must be a multiple of tts.model.num_heads=3, got 32",
     ),
 ]
 
@@ -253,9 +261,10 @@ def test_keys_outside_the_defaults_and_missing_keys_are_named():
     config = tiny()
     config.model.dimm = 3
     del config.data["read_retries"]
+    home = "jaxspeech/config/defaults.py, get_config(task='asr')"
     assert validate.mistakes(config) == [
-        "model.dimm is not a config key (none such in jaxspeech/config/defaults.py)",
-        "data.read_retries is missing (every key of jaxspeech/config/defaults.py must be set)",
+        f"model.dimm is not a config key (none such in {home})",
+        f"data.read_retries is missing (every key of {home} must be set)",
     ]
     del config.mesh.rules["embed"]  # the rules table is checked whole, once
     (line,) = validate.mistakes(config)[2:]
@@ -294,11 +303,11 @@ def test_optimizer_names_are_what_the_trainer_builds():
 
 def test_the_trainer_validates_before_any_work(tmp_path):
     """All mistakes at once, before the data directory is read or the run directory made."""
-    from jaxspeech.training import trainer
+    from jaxspeech import tasks
 
     config = tiny(("data.dir", str(tmp_path / "none")), ("data.batch_seconds", -5.0))
     config.train.num_steps = -3
     with pytest.raises(UserError, match="config: 2 mistakes") as e:
-        trainer.train_and_evaluate(config, str(tmp_path / "run"))
+        tasks.train_and_evaluate(config, str(tmp_path / "run"))
     assert "data.batch_seconds must be > 0" in str(e.value)
     assert not (tmp_path / "run").exists()

@@ -1,12 +1,13 @@
 """Every key of every shipped config, walked: each bad value of a key makes
 `validate.mistakes` report exactly one line, naming the key and saying what is allowed.
 
-The keys come from `defaults.get_config()`, so a key added there fails this test until it
-has a check (a range in `ranges.RANGES`, a set of values in `validate.CHOICES`, a file in
-`validate.FILES`, or bad values of its own in BAD here) or a reason in EXEMPT. Bad values
-follow the key's kind: numbers just outside the key's range (and NaN and infinities for
-floats), a name outside the choices, a file that does not exist, malformed tuples. Keys
-checked only where they are used are walked in a config that uses them (ENABLE).
+The keys come from `defaults.get_config(task)` of each task, so a key added there fails
+this test until it has a check (a range in `ranges.RANGES`, a set of values in
+`validate.CHOICES`, a file in `validate.FILES`, or bad values of its own in BAD here) or a
+reason in EXEMPT. Bad values follow the key's kind: numbers just outside the key's range
+(and NaN and infinities for floats), a name outside the choices, a file that does not
+exist, malformed tuples. Keys checked only where they are used are walked in a config
+that uses them (ENABLE).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import re
 import pytest
 from ml_collections import ConfigDict
 
-from jaxspeech.config import defaults, ranges, validate
+from jaxspeech.config import defaults, keys, ranges, sections, validate
 from tests.config.test_defaults import SHIPPED, flat, shipped
 
 DEVICES = 8
@@ -138,17 +139,22 @@ ENABLE: dict[str, list[tuple[str, object]]] = {
     "sync.block_": [("sync.strategy", "bmuf")],
     "sync.gtc_": [("sync.strategy", "gtc")],
     "sync.outer": [("sync.strategy", "hierarchical"), ("mesh.replica", 2)],
-    "tts.": [("task", "tts")],
-    "vocoder.": [("task", "vocoder")],
 }
 
-# The walk's configs: the recognizers'. configs/tts.py's and configs/vocoder.py's keys are
-# walked through ENABLE's task=tts / task=vocoder on them; their own tasks forbid some of
-# ENABLE's settings (sync strategies other than all-reduce, pipeline stages, MFCC,
-# distillation), so they are not bases of the walk.
-WALKED = [(name, variant) for name, variant in SHIPPED if name not in ("tts", "vocoder")]
+# The walk's configs: every shipped one. A recognizer's walks every key of its layout;
+# configs/tts.py's and configs/vocoder.py's walk their own sections only (tts; vocoder
+# and optim2): the shared ones are walked in the recognizers', and these tasks forbid
+# some of ENABLE's settings (sync strategies other than all-reduce, pipeline stages, MFCC).
+WALKED = SHIPPED
 
-KEYS = list(flat(defaults.get_config().to_dict()))
+KEYS = list(keys.every_key())  # every task's
+
+
+def walked_keys(name: str, variant: str) -> list[str]:
+    task = shipped(name, variant).task
+    layout = flat(defaults.get_config(task).to_dict())
+    own = sections.TASK_SECTIONS[task]
+    return [k for k in layout if task == "asr" or k.partition(".")[0] in own]
 
 
 def _entry(table: dict, key: str):
@@ -218,8 +224,8 @@ def _enabled(name: str, variant: str, settings: tuple) -> ConfigDict:
 @pytest.mark.parametrize("name,variant", WALKED, ids=[f"{n}:{v}" for n, v in WALKED])
 def test_every_bad_value_of_every_key_is_one_line_naming_it(name, variant):
     configs: dict[tuple, ConfigDict] = {}
-    walked, failures = 0, []
-    for key in KEYS:
+    walked, failures, names = 0, [], walked_keys(name, variant)
+    for key in names:
         if key in EXEMPT:
             continue
         settings = tuple(_entry(ENABLE, key) or ())
@@ -238,7 +244,7 @@ def test_every_bad_value_of_every_key_is_one_line_naming_it(name, variant):
             if len(found) != 1 or not all(w in found[0] for w in wanted):
                 failures.append(f"{key}={bad!r}: want one line with {wanted}, got {found}")
     assert not failures, f"{len(failures)} of {walked} bad values:\n" + "\n".join(failures)
-    assert walked > 2 * (len(KEYS) - len(EXEMPT))
+    assert walked > 2 * (len(names) - len(EXEMPT))
 
 
 def test_the_tables_name_only_default_keys():
@@ -253,7 +259,7 @@ def test_the_tables_name_only_default_keys():
 
 
 def test_each_numeric_range_is_a_range_of_numbers_of_its_key():
-    base = flat(defaults.get_config().to_dict())
+    base = keys.every_key()
     for key, rule in ranges.RANGES.items():
         value = base[key]
         assert isinstance(value, int | float) and not isinstance(value, bool), key

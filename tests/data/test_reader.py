@@ -8,10 +8,10 @@ import shutil
 import numpy as np
 import pytest
 
+from jaxspeech.common.errors import UserError
 from jaxspeech.data import pipeline as pl
 from jaxspeech.data import reader as rd
 from jaxspeech.data import records
-from jaxspeech.errors import UserError
 from jaxspeech.runs import faults
 from tests.data import damage
 from tests.data.test_pipeline import SR, write_corpus

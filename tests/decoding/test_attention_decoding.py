@@ -12,12 +12,12 @@ import jax
 import numpy as np
 import pytest
 
+from jaxspeech.common.errors import UserError
 from jaxspeech.config import build, validate
 from jaxspeech.decoding import search
-from jaxspeech.errors import UserError
 from jaxspeech.parallel import mesh as mesh_lib
 from jaxspeech.parallel import rules
-from jaxspeech.serving import export
+from jaxspeech.serving import recognizer_export as export
 from jaxspeech.training import state as state_lib
 from tests.models.test_decoder import _aed_config, one_line
 

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 from ml_collections import ConfigDict
 
+from jaxspeech.common.errors import UserError
 from jaxspeech.decoding import search
 from jaxspeech.decoding.ctc import ctc_prefix_beam_search
 from jaxspeech.decoding.lm import Fusion, NgramLM, TokenWords
 from jaxspeech.decoding.rnnt_fusion import PredictorBeam, rnnt_beam_search_fused
-from jaxspeech.errors import UserError
 from tests.decoding.test_ctc import _brute_force, _log_softmax
 from tests.decoding.test_rnnt import (
     _enc,

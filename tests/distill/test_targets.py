@@ -1,4 +1,4 @@
-"""`python -m jaxspeech.distill.targets` on a 3-shard split of the tiny corpus (one corrupt
+"""`python -m jaxspeech.teach` on a 3-shard split of the tiny corpus (one corrupt
 record, one utterance longer than the teacher's last bucket) with the session's tiny CTC
 run as the teacher: the record format, the targets against the model run directly, record
 alignment, 2 processes against 1, a stopped and restarted job, the pseudo-label split
@@ -16,6 +16,7 @@ import pytest
 from array_record.python.array_record_module import ArrayRecordWriter
 from flax import nnx
 
+from jaxspeech.common.errors import UserError
 from jaxspeech.data import pipeline as pipeline_lib
 from jaxspeech.data import reader as reader_lib
 from jaxspeech.data import records
@@ -23,7 +24,6 @@ from jaxspeech.data.tokenizer import Tokenizer, normalize_text
 from jaxspeech.decoding import ctc as ctc_decoding
 from jaxspeech.distill import job as job_lib
 from jaxspeech.distill import records as trecords
-from jaxspeech.errors import UserError
 from jaxspeech.parallel import mesh as mesh_lib
 from jaxspeech.runs import loading
 from tests.e2e.cli import run_module, tiny_train_args
@@ -99,7 +99,7 @@ def reference(data, tiny_run, tmp_path_factory):  # noqa: F811
     """(OUT, console): the job in one process, uninterrupted, no pseudo-labels."""
 
     def build(out):
-        return run_module("jaxspeech.distill.targets", *job_args(tiny_run[0], data, out)).stdout
+        return run_module("jaxspeech.teach", *job_args(tiny_run[0], data, out)).stdout
 
     return built_once(tmp_path_factory, "distill-reference", build)
 
@@ -130,13 +130,13 @@ def resumed(data, tiny_run, reference, tmp_path_factory):  # noqa: F811
         threshold = _threshold(reference[0])
         args = job_args(tiny_run[0], data, out, f"--pseudo_labels={pdir}")
         args.append(f"--min_confidence={threshold}")
-        first = run_module("jaxspeech.distill.targets", *args, "--max_shards=1").stdout
+        first = run_module("jaxspeech.teach", *args, "--max_shards=1").stdout
         shard0 = out / SPLIT / trecords.targets_name(0, SHARDS)
         summary_after_first = (out / SPLIT / trecords.SUMMARY_FILE).exists()
         stats = {"shard": _stat(shard0), "marker": _stat(f"{shard0}{trecords.DONE_SUFFIX}")}
         half = out / SPLIT / (trecords.targets_name(1, SHARDS) + trecords.TEMP_SUFFIX)
         half.write_bytes(b"half of a shard")
-        second = run_module("jaxspeech.distill.targets", *args).stdout
+        second = run_module("jaxspeech.teach", *args).stdout
         info = {"threshold": threshold, "first": first, "second": second, "stats": stats}
         return json.dumps(info | {"summary_after_first": summary_after_first})
 
@@ -291,9 +291,7 @@ def test_every_input_record_has_its_target_at_the_same_place(data, reference):
 def test_two_processes_write_the_same_shards_as_one(data, tiny_run, reference, tmp_path):  # noqa: F811
     out = tmp_path / "out"
     launch = ["jaxspeech.launch_local", "--num_processes=2", "--devices_per_process=1"]
-    proc = run_module(
-        *launch, "--module=jaxspeech.distill.targets", "--", *job_args(tiny_run[0], data, out)
-    )
+    proc = run_module(*launch, "--module=jaxspeech.teach", "--", *job_args(tiny_run[0], data, out))
     assert "[p1] targets: process 1 of 2: labelled 1 of its 1 shard(s)" in proc.stdout
     assert "[p0] targets: process 0 of 2: labelled 2 of its 2 shard(s)" in proc.stdout
     markers = [
@@ -374,32 +372,17 @@ def test_pseudo_label_split_keeps_the_confident_and_trains(data, reference, resu
 
 # ---------------------------------------------------------------- user errors
 @pytest.mark.parametrize(
-    "case, message",
+    # The command line's two ways to fail: a request the job refuses (a UserError: every
+    # other such check is in process, below) and a flag combination `main` refuses.
+    "extra, message",
     [
-        ("top_k=31", "--top_k must be in [1, 30]"),
-        ("split", "no prepared split at"),
-        ("rnnt", "needs a CTC head"),
-        ("min_confidence", "--min_confidence needs --pseudo_labels"),
+        ("--top_k=31", "--top_k must be in [1, 30]"),
+        ("--min_confidence=0.5", "--min_confidence needs --pseudo_labels"),
     ],
 )
-def test_user_errors_are_one_clear_line(data, tiny_run, tmp_path, case, message):  # noqa: F811
-    teacher, extra = tiny_run[0], []
-    if case.startswith("top_k"):
-        extra = [f"--{case}"]
-    elif case == "split":
-        extra = ["--split=nope"]
-    elif case == "min_confidence":
-        extra = ["--min_confidence=0.5"]
-    else:
-        # A transducer-only run: the head check reads the run's config alone (a real
-        # RNN-T run differs from this one in nothing else that is read before it).
-        teacher = tmp_path / "rnnt"
-        teacher.mkdir()
-        config = json.loads((tiny_run[0] / "config.json").read_text())
-        config["model"]["head"] = "rnnt"
-        (teacher / "config.json").write_text(json.dumps(config))
-    args = job_args(teacher, data, tmp_path / "out") + extra
-    proc = run_module("jaxspeech.distill.targets", *args, check=False)
+def test_user_errors_are_one_clear_line(data, tiny_run, tmp_path, extra, message):  # noqa: F811
+    args = job_args(tiny_run[0], data, tmp_path / "out") + [extra]
+    proc = run_module("jaxspeech.teach", *args, check=False)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert message in proc.stderr and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("error: ")
@@ -416,9 +399,18 @@ def test_requests_that_cannot_run_are_refused(data, tiny_run, tmp_path):  # noqa
     no_assets.mkdir()
     shutil.copy(tiny_run[0] / "config.json", no_assets)
     (tmp_path / "blocker").write_text("a file where the output directory should be")
+    # A transducer-only run: the head check reads the run's config alone (a real RNN-T
+    # run differs from this one in nothing else that is read before it).
+    rnnt = tmp_path / "rnnt"
+    rnnt.mkdir()
+    config = json.loads((tiny_run[0] / "config.json").read_text())
+    config["model"]["head"] = "rnnt"
+    (rnnt / "config.json").write_text(json.dumps(config))
     pdir = str(tmp_path / "pseudo")
     cases = [
         ({"teacher": str(tmp_path / "none")}, "not a jaxspeech run directory"),
+        ({"teacher": str(rnnt)}, "needs a CTC head"),
+        ({"split": "nope"}, "no prepared split at"),
         ({"teacher": str(no_assets)}, "tokenizer cannot be read"),
         ({"data": str(rate)}, "is at 8000 Hz, the teacher at 16000 Hz"),
         ({"output": str(data)}, "must not be the data directory"),

@@ -9,13 +9,14 @@ import shutil
 
 import pytest
 
+from jaxspeech import tasks
+from jaxspeech.common.errors import UserError
 from jaxspeech.config.build import mesh_from_config
 from jaxspeech.data import records
-from jaxspeech.errors import UserError
 from jaxspeech.evaluation import run as eval_run
 from jaxspeech.parallel import rules
 from jaxspeech.runs import events, faults
-from jaxspeech.training import inputs, trainer
+from jaxspeech.training import inputs
 from tests.data import damage
 from tests.e2e.cli import tiny_config
 
@@ -69,7 +70,7 @@ def test_training_stops_past_the_corrupt_fraction_naming_the_shard(corpus, tmp_p
     shard, index = _damaged_copy(shards, tmp_path / "data", "train", first)
     workdir = tmp_path / "run"
     with pytest.raises(faults.CorpusDamaged) as e:
-        trainer.train_and_evaluate(config, str(workdir))
+        tasks.train_and_evaluate(config, str(workdir))
     msg = str(e.value)
     total = records.read_split_index(str(tmp_path / "data"), "train").num_records
     assert msg.startswith(
@@ -98,9 +99,9 @@ def test_a_missing_or_truncated_shard_stops_training_before_any_work(corpus, tmp
     workdir = tmp_path / "run"
     config = tiny_config(str(data))
     with pytest.raises(UserError, match="unreadable") as e:
-        trainer.train_and_evaluate(config, str(workdir))
+        tasks.train_and_evaluate(config, str(workdir))
     assert index.shard_paths[0] in str(e.value) and "data_prep.verify" in str(e.value)
     os.remove(index.shard_paths[0])
     with pytest.raises(UserError, match=f"{index.shard_paths[0]}: missing"):
-        trainer.train_and_evaluate(config, str(workdir))
+        tasks.train_and_evaluate(config, str(workdir))
     assert not (workdir / "checkpoints").exists()  # nothing was compiled or saved

@@ -13,13 +13,13 @@ import jax
 import numpy as np
 import pytest
 
+from jaxspeech.common.errors import UserError
 from jaxspeech.data import reader
 from jaxspeech.data.tokenizer import Tokenizer, normalize_text
 from jaxspeech.decoding import ctc as ctc_decoding
-from jaxspeech.errors import UserError
 from jaxspeech.evaluation import run as eval_run
 from jaxspeech.metrics.wer import ErrorCounts
-from jaxspeech.serving import export as export_lib
+from jaxspeech.serving import recognizer_export as export_lib
 from tests.conftest import onnx_converter
 from tests.e2e.cli import run_module
 
@@ -38,6 +38,15 @@ def artifact(tiny_run, corpus, tmp_path_factory):
     )
     manifest = json.loads((out / export_lib.MANIFEST).read_text())
     return out, manifest, json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def evaluated_test(tiny_run, corpus) -> dict:
+    """The evaluator's scores of the tiny run's step 8 on the test split (both artifact
+    formats are checked against them)."""
+    workdir, _ = tiny_run
+    _, shards = corpus
+    return eval_run.evaluate_workdir(str(workdir), str(shards), "test", 8)
 
 
 def test_manifest_describes_the_run_and_scores_like_evaluate(artifact, tiny_run):
@@ -78,21 +87,21 @@ def _stablehlo_texts(artifact, recs) -> list[str]:
     return [tok.decode(hyp) for hyp in ids]
 
 
-def test_artifact_decodes_the_test_split_like_evaluate(artifact, tiny_run, corpus):
+def test_artifact_decodes_the_test_split_like_evaluate(artifact, corpus, evaluated_test):
     """Greedy decoding of the artifact's log-probs over every test utterance (read with
     the project's reader, all in one padded batch) gives the evaluator's CER."""
-    workdir, _ = tiny_run
     _, shards = corpus
     recs = reader.read_split_records(str(shards), "test")
     counts = ErrorCounts()
     for r, hyp in zip(recs, _stablehlo_texts(artifact, recs), strict=True):
         counts.add(normalize_text(r["text"]), hyp)
-    want = eval_run.evaluate_workdir(str(workdir), str(shards), "test", 8)
-    assert counts.utterances == want["num_utts"]
-    assert counts.cer == pytest.approx(want["cer"], abs=1e-5)
+    assert counts.utterances == evaluated_test["num_utts"]
+    assert counts.cer == pytest.approx(evaluated_test["cer"], abs=1e-5)
 
 
-def test_onnx_int8_export_and_the_runtime_only_transcriber(artifact, tiny_run, corpus, tmp_path):
+def test_onnx_int8_export_and_the_runtime_only_transcriber(
+    artifact, tiny_run, corpus, evaluated_test, tmp_path
+):
     """`--format onnx --int8`: the manifest and quantization.json; the transcriber, in a
     process that imports neither jax nor jaxspeech, reads the test split as wav files and
     prints the StableHLO artifact's greedy text for every one (float32), so the
@@ -146,8 +155,7 @@ def test_onnx_int8_export_and_the_runtime_only_transcriber(artifact, tiny_run, c
     counts = ErrorCounts()
     for r, hyp in zip(recs, texts[False], strict=True):
         counts.add(normalize_text(r["text"]), hyp)
-    want = eval_run.evaluate_workdir(str(workdir), str(shards), "test", 8)
-    assert counts.cer == pytest.approx(want["cer"], abs=1e-5)
+    assert counts.cer == pytest.approx(evaluated_test["cer"], abs=1e-5)
     assert len(texts[True]) == len(recs)
 
 

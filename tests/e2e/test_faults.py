@@ -16,10 +16,10 @@ import time
 import numpy as np
 import pytest
 
-from jaxspeech.errors import UserError
+from jaxspeech import tasks
+from jaxspeech.common.errors import UserError
 from jaxspeech.runs import events as run_events
 from jaxspeech.runs import loading
-from jaxspeech.training import trainer
 from tests.e2e.cli import ROOT, cpu_env, run_module, tiny_config
 from tests.e2e.cli import tiny_train_args as tiny_args
 from tests.test_launch_local import LineReader, assert_gone
@@ -201,6 +201,7 @@ def test_divergence_skips_steps_then_stops_with_diagnostics(corpus, tmp_path):
             "--config.train.max_nonfinite_steps=3",
             "--config.train.num_steps=12",
             "--config.train.checkpoint_every=0",
+            *ONE_SHAPE,  # one step to compile (the diagnostics save its batch)
         ),
         check=False,
     )
@@ -249,14 +250,14 @@ def test_corrupt_latest_checkpoint_falls_back_and_bad_configs_are_refused(
     config_before = (run / "config.json").read_text()
     other_model = tiny_config(shards, "--config.model.conformer.dim=48")
     with pytest.raises(UserError, match="was written by a different model or optimizer") as e:
-        trainer.train_and_evaluate(other_model, str(run))
+        tasks.train_and_evaluate(other_model, str(run))
     assert re.search(r"encoder/.*: checkpoint float32\[.*32.*\], this run float32", str(e.value))
     assert (run / "config.json").read_text() == config_before
     # ... nor is it a starting point for another model (a path that is no run:
     # test_checkpoint.py).
     other_model.init_from = str(run)
     with pytest.raises(UserError, match="config.init_from: checkpoint 8") as e:
-        trainer.train_and_evaluate(other_model, str(tmp_path / "refused"))
+        tasks.train_and_evaluate(other_model, str(tmp_path / "refused"))
     assert "was written by a different model" in str(e.value)
 
     # A new run of the same model starts from this run's parameters (fine-tuning).

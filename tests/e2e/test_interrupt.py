@@ -8,9 +8,9 @@ import signal
 
 import pytest
 
-from jaxspeech.runs import status as status_lib
+from jaxspeech.runs import lifecycle as status_lib
 from tests.e2e.cli import tiny_train_args
-from tests.e2e.test_faults import STOP_BOUND_S, events, start, steps_of, stop
+from tests.e2e.test_faults import ONE_SHAPE, STOP_BOUND_S, events, start, steps_of, stop
 
 pytestmark = pytest.mark.slow
 
@@ -23,7 +23,11 @@ def _tmp_checkpoints(run) -> list[str]:
 def test_ctrl_c_saves_the_step_in_flight_and_says_how_to_resume(corpus, tmp_path):
     _, shards = corpus
     args = tiny_train_args(
-        tmp_path, shards, "--config.train.num_steps=400", "--config.train.checkpoint_every=0"
+        tmp_path,
+        shards,
+        "--config.train.num_steps=400",
+        "--config.train.checkpoint_every=0",
+        *ONE_SHAPE,  # one step compiled before Ctrl-C, not two
     )
     proc, reader = start("jaxspeech.train", *args)
     try:

@@ -20,7 +20,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxspeech import storage
+from jaxspeech.common import storage
 from jaxspeech.parallel import mesh as mesh_lib
 from jaxspeech.runs import loading, remote
 from tests.e2e.cli import cpu_env, run_module, tiny_train_args

@@ -25,7 +25,7 @@ import pytest
 from benchmarks.lib.store_servers import gcs_env, gcs_server
 from data_prep import prepare as prep
 from data_prep.readers.common import PrepareError
-from jaxspeech import storage
+from jaxspeech.common import storage
 from jaxspeech.data import reader as reader_lib
 from jaxspeech.data import records
 from jaxspeech.runs import checkpoint as ckpt_lib
@@ -310,9 +310,7 @@ def test_distillation_targets_from_s3_data_equal_the_local_ones(  # noqa: F811
     url = storage.join(store[0], "distill")
     storage.upload_dir(os.path.join(data, SPLIT), storage.join(url, SPLIT))
     out = tmp_path / "targets"
-    run_module(
-        "jaxspeech.distill.targets", *job_args(tiny_run[0], url, out), env=cpu_env() | store[1]
-    )
+    run_module("jaxspeech.teach", *job_args(tiny_run[0], url, out), env=cpu_env() | store[1])
     want = sorted(os.listdir(reference[0] / SPLIT))
     assert sorted(os.listdir(out / SPLIT)) == want
     for name in want:

@@ -12,14 +12,14 @@ from collections import namedtuple
 
 import pytest
 
-from jaxspeech import cli, files
-from jaxspeech.errors import UserError
+from jaxspeech import tasks
+from jaxspeech.common import cli, files
+from jaxspeech.common.errors import UserError
 from jaxspeech.runs import checkpoint as ckpt_lib
 from jaxspeech.runs import events, lease
-from jaxspeech.runs import status as status_lib
+from jaxspeech.runs import lifecycle as status_lib
 from jaxspeech.serving import artifact_dir
-from jaxspeech.serving import export as export_lib
-from jaxspeech.training import trainer
+from jaxspeech.serving import recognizer_export as export_lib
 from tests.e2e.cli import tiny_config
 
 pytestmark = pytest.mark.slow
@@ -31,11 +31,13 @@ def test_disk_full_at_a_save_stops_cleanly_and_the_run_resumes(
 ):
     _, shards = corpus
     run = str(tiny_run_copy)  # finished at step 8, checkpoints 4 and 8
-    config = tiny_config(shards, "--config.train.num_steps=12", "--config.train.eval_at_end=False")
+    # One more step: its end-of-run save is the save that meets the full disk (one step is
+    # one batch shape to compile, where 4 more would be two).
+    config = tiny_config(shards, "--config.train.num_steps=9", "--config.train.eval_at_end=False")
     with monkeypatch.context() as m:
         m.setattr(ckpt_lib.shutil, "disk_usage", lambda _: Usage(2**30, 2**30, 0))
         with pytest.raises(SystemExit) as e:
-            cli.run_job(lambda: trainer.train_and_evaluate(config, run))
+            cli.run_job(lambda: tasks.train_and_evaluate(config, run))
     assert e.value.code == 5
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith(f"error: storage: no space left on device at {run}/checkpoints")
@@ -44,7 +46,7 @@ def test_disk_full_at_a_save_stops_cleanly_and_the_run_resumes(
     assert state["error"].startswith("storage: no space left on device")
     assert sorted(os.listdir(os.path.join(run, "checkpoints"))) == ["4", "8"]
     assert not os.path.exists(os.path.join(run, lease.LEASE))  # released on the way out
-    trainer.train_and_evaluate(config, run)  # room again: resumes from 8
+    tasks.train_and_evaluate(config, run)  # room again: resumes from 8
     names = [e["event"] for e in events.read_events(run)]
     assert names[-1] == "finished" and "resumed" in names[names.index("failed") :]
     assert status_lib.run_status(run)["state"] == "finished"
@@ -56,7 +58,7 @@ def test_a_second_trainer_refuses_a_run_in_use_before_touching_it(tiny_run_copy,
     before = open(os.path.join(run, events.EVENTS)).read()
     with lease.hold(run, "train", 60.0):  # a live job holds the run
         with pytest.raises(lease.LeaseHeld, match=f"{run} is in use by a train job pid"):
-            trainer.train_and_evaluate(tiny_config(shards), run)
+            tasks.train_and_evaluate(tiny_config(shards), run)
     assert open(os.path.join(run, events.EVENTS)).read() == before
 
 

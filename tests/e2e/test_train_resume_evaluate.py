@@ -14,8 +14,9 @@ from jaxspeech.evaluation import run as eval_run
 from jaxspeech.parallel import mesh as mesh_lib
 from jaxspeech.runs import events as run_events
 from jaxspeech.runs import loading
-from jaxspeech.serving import transcribe as transcribe_lib
+from jaxspeech.serving import recognizer as transcribe_lib
 from tests.e2e.cli import run_module, train_args
+from tests.e2e.test_faults import ONE_SHAPE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 pytestmark = pytest.mark.slow
@@ -129,7 +130,8 @@ def test_transducer_head_trains_and_decodes_every_way(corpus):
     (the command line once; the others in process on the 8-device mesh)."""
     root, shards = corpus
     workdir = root / "transducer"
-    out = train(workdir, shards, "--config.model.head=ctc+rnnt").stdout
+    # One batch shape (utterances up to 3 s): one transducer step to compile, not two.
+    out = train(workdir, shards, "--config.model.head=ctc+rnnt", *ONE_SHAPE).stdout
     assert "ctc+rnnt head" in out and "rnnt_pruned" in out and "eval step 8: dev" in out
     assert json.load(open(workdir / "eval" / "dev-step8.json"))["decoding"] == "rnnt_greedy"
     manifest = root / "raw" / "test" / "manifest.jsonl"

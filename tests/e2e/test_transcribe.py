@@ -15,7 +15,7 @@ from jaxspeech.evaluation import run as eval_run
 from jaxspeech.parallel import rules
 from jaxspeech.runs import loading
 from jaxspeech.serving import longform
-from jaxspeech.serving import transcribe as transcribe_lib
+from jaxspeech.serving import recognizer as transcribe_lib
 from tests.e2e.cli import run_module
 
 pytestmark = pytest.mark.slow

@@ -29,6 +29,7 @@ def test_recognizer_rates_on_synthesized_and_real_speech(
     proc = run_module(
         "jaxspeech.evaluate", "--workdir", str(run), "--data", str(tts_corpus),
         "--split", "dev", "--asr_workdir", str(tiny_run[0]), "--max_utterances", "3",
+        "--mos_utterances", "0",  # DNSMOS: tests/tts/test_vocoder_training.py
     )  # fmt: skip
     (line,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     result = json.loads(line)

@@ -5,10 +5,10 @@ runs), and through the command lines only where the command line itself is the s
 
 import pytest
 
-from jaxspeech import cli
-from jaxspeech.errors import TrainingDiverged, UserError
+from jaxspeech import tasks
+from jaxspeech.common import cli
+from jaxspeech.common.errors import TrainingDiverged, UserError
 from jaxspeech.evaluation import run as eval_run
-from jaxspeech.training import trainer
 from tests.e2e.cli import run_module, tiny_config, train_args
 
 pytestmark = pytest.mark.slow
@@ -30,7 +30,7 @@ def test_config_mistakes_are_one_user_error(corpus, tmp_path, overrides, message
     _, shards = corpus
     config = tiny_config(shards, *overrides)
     with pytest.raises(UserError, match=message):
-        trainer.train_and_evaluate(config, str(tmp_path / "run"))
+        tasks.train_and_evaluate(config, str(tmp_path / "run"))
 
 
 def test_run_job_maps_failures_to_exit_codes(capsys):

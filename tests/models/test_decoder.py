@@ -221,7 +221,7 @@ def test_stablehlo_export_of_the_decoder_step_equals_the_model(tmp_path):
     length) beside `ctc`; the deserialized step equals the model's last-position
     log-probs. The manifest says whether the attention decoder is in the artifact."""
     from jaxspeech.models import inference
-    from jaxspeech.serving import export as export_lib
+    from jaxspeech.serving import recognizer_export as export_lib
 
     config = _aed_config()
     model = build.make_model(config, 8, 0)

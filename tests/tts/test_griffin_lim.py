@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from jaxspeech.audio import features
-from jaxspeech.tts.griffin_lim import griffin_lim, griffin_lim_batch
+from jaxspeech.audio.griffin_lim import griffin_lim, griffin_lim_batch
 from tests.tts.tones import harmonic_tone
 
 HOP = 160

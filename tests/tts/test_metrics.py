@@ -6,7 +6,7 @@ import librosa
 import numpy as np
 import pytest
 
-from jaxspeech.metrics import tts
+from jaxspeech.metrics import speech as tts
 
 SR = 16000
 

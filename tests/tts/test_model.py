@@ -276,7 +276,7 @@ def test_out_of_range_phoneme_and_speaker_ids_are_refused():
     """Unchecked, a phoneme or speaker past its table synthesized 0 frames (jnp.take fills
     NaN) and speaker -1 the last voice (it wraps): one line naming the id and the range,
     eagerly and through the jitted `make_synthesize_fn` alike (checked before tracing)."""
-    from jaxspeech.errors import UserError
+    from jaxspeech.common.errors import UserError
     from jaxspeech.tts.model import id_mistake, make_synthesize_fn
 
     ok = np.array([[1, 2, 0]], np.int32)

@@ -13,12 +13,13 @@ import librosa
 import numpy as np
 import pytest
 
+from jaxspeech.common.errors import UserError
 from jaxspeech.data import reader as reader_lib
-from jaxspeech.data import records, tts_batch
+from jaxspeech.data import records
 from jaxspeech.data.plan import PAD_INDEX, BucketSpec, PlannedBatch
-from jaxspeech.errors import UserError
-from jaxspeech.metrics.tts import F0_MAX_HZ, F0_MIN_HZ
-from jaxspeech.runs import tts_assets
+from jaxspeech.metrics.speech import F0_MAX_HZ, F0_MIN_HZ
+from jaxspeech.tts import assets as tts_assets
+from jaxspeech.tts import batch as tts_batch
 from tests.tts import corpus
 
 SR, HOP = corpus.SR, corpus.HOP
@@ -198,14 +199,14 @@ def test_phoneme_table_reserves_padding_and_unknown():
 
 def test_training_on_a_split_without_phonemes_is_refused_in_one_line(tmp_path):
     from configs import tts
-    from jaxspeech.training import trainer
+    from jaxspeech import tasks
 
     corpus.write_split(str(tmp_path / "shards"), "train", 1, seed=0, phonemes=False)
     config = tts.get_config("tiny")
     config.data.dir = str(tmp_path / "shards")
     config.train.compile_cache_dir = ""  # this process's cache stays where it is
     with pytest.raises(UserError) as e:
-        trainer.train_and_evaluate(config, str(tmp_path / "run"))
+        tasks.train_and_evaluate(config, str(tmp_path / "run"))
     message = str(e.value)
     assert "\n" not in message and message.startswith(f"{tmp_path}/shards/train has no phoneme")
     assert "--require_phonemes" in message and "config.task=tts" in message
@@ -214,7 +215,7 @@ def test_training_on_a_split_without_phonemes_is_refused_in_one_line(tmp_path):
 
 def test_an_eval_split_with_an_unknown_voice_is_refused_at_start_up(data, tmp_path):
     from configs import tts
-    from jaxspeech.training.tts_task import TtsTask
+    from jaxspeech.tts.task import TtsTask
 
     shutil.copytree(data, tmp_path / "shards")
     corpus.write_split(str(tmp_path / "shards"), "dev", 1, seed=2, speakers={"new": 140.0})
@@ -249,7 +250,7 @@ def test_mel_cepstra_of_log_mel_frames_are_those_of_the_waveform():
     """MCD in evaluation compares log-mel frames (the synthesizer has no waveform): their
     cepstra equal `mel_cepstrum`'s of the audio they came from."""
     from jaxspeech.audio import features
-    from jaxspeech.metrics.tts import mel_cepstrum, mel_cepstrum_of_log_mel
+    from jaxspeech.metrics.speech import mel_cepstrum, mel_cepstrum_of_log_mel
 
     audio, _, _ = corpus.utterance(np.random.default_rng(4), 160.0)
     wave = audio.astype(np.float32) / 32768.0

@@ -1,4 +1,4 @@
-"""`python -m jaxspeech.evaluate` on a synthesizer's run (jaxspeech/evaluation/tts_run.py):
+"""`python -m jaxspeech.evaluate` on a synthesizer's run (jaxspeech/tts/evaluation.py):
 the session's tiny run (tests/tts/conftest.py, copied) evaluated once through the CLI on
 its dev split and on a split with a voice it never learned; PESQ called right; a split
 without phonemes refused with one line; the recognizer on waveforms in memory
@@ -18,16 +18,17 @@ import pytest
 import soundfile as sf
 
 from configs import demo, tts
+from jaxspeech.audio import features
 from jaxspeech.audio.features import LogMelConfig
+from jaxspeech.audio.griffin_lim import griffin_lim
 from jaxspeech.config import build
 from jaxspeech.data.tokenizer import train_char_tokenizer
-from jaxspeech.evaluation import tts_run, tts_scores
 from jaxspeech.evaluation.recognize import WaveRecognizer
 from jaxspeech.metrics.wer import ErrorCounts
 from jaxspeech.parallel import mesh as mesh_lib
 from jaxspeech.parallel import rules
 from jaxspeech.runs import loading
-from jaxspeech.tts.griffin_lim import griffin_lim
+from jaxspeech.tts import scores as tts_scores
 from tests.e2e.cli import run_module
 from tests.metrics.test_writers import read_event_file, summary_values
 from tests.tts import corpus
@@ -49,10 +50,12 @@ def data(tts_corpus, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def evaluated(tts_tiny_run, data, tmp_path_factory):
-    """(run copy, the CLI's finished process) of one evaluation of dev and held."""
+    """(run copy, the CLI's finished process) of one evaluation of dev and held (without
+    DNSMOS: 3 s of CPU an utterance; tests/tts/test_vocoder_training.py takes it)."""
     run = tmp_path_factory.mktemp("tts-eval") / "run"
     shutil.copytree(tts_tiny_run[0], run)
     args = ["--workdir", str(run), "--data", str(data), "--split", "dev,held"]
+    args += ["--mos_utterances", "0"]
     return run, run_module("jaxspeech.evaluate", *args)
 
 
@@ -71,6 +74,7 @@ def test_the_cli_writes_scores_rows_and_samples(evaluated):
     for key in ("mcd_db", "pesq", "f0_rmse_hz", "voicing_error"):
         assert math.isfinite(dev[key]), (key, dev)
     assert dev["mcd_utterances"] == 6 and dev["pesq_utterances"] >= 1
+    assert dev["dnsmos_utterances"] == 0 and dev["dnsmos_ovrl"] is None and "real" not in dev
     assert 1.0 <= dev["pesq"] <= 4.65 and dev["mcd_db"] > 0
     rows = [
         json.loads(line) for line in open(run / "eval" / f"dev-step{STEP}-synthesis-utts.jsonl")
@@ -153,7 +157,7 @@ def test_the_vocoder_floor_scores_well():
     1.03, no frame voiced in both)."""
     ref = _speech(1.0, seed=2)
     cfg = LogMelConfig()
-    vocoded = griffin_lim(tts_run.reference_log_mel(ref, cfg), cfg)[: len(ref)]
+    vocoded = griffin_lim(features.reference_log_mel(ref, cfg), cfg)[: len(ref)]
     got = tts_scores.score_utterance(ref, vocoded, vocoded, 16000)
     assert got["mcd_db"] < 12 and got["pesq"] > 2.0, got
     assert got["f0_rmse_hz"] < 10 and got["voicing_error"] < 0.2, got

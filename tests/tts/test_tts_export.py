@@ -1,4 +1,4 @@
-"""`python -m jaxspeech.export` on a synthesizer's run (jaxspeech/serving/tts_export.py) on
+"""`python -m jaxspeech.export` on a synthesizer's run (jaxspeech/tts/artifact.py) on
 the session's tiny run (tests/tts/conftest.py; read, never changed): the StableHLO and
 ONNX artifacts against the model's own `synthesize` in process at two (B, N) (symbolic
 batch and phoneme length), the manifest, a max_frames too small for the speech (the mask
@@ -14,17 +14,17 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxspeech.errors import UserError
-from jaxspeech.runs.tts_loading import denormalized
-from jaxspeech.serving import export as export_lib
-from jaxspeech.serving import tts_export
+from jaxspeech.common.errors import UserError
+from jaxspeech.serving import artifact_dir, staging
+from jaxspeech.tts import artifact as tts_export
+from jaxspeech.tts.loading import denormalized
 from tests.conftest import onnx_converter
 from tests.e2e.cli import run_module
 
 # Exported vs in process, log-mel in nats (values -14..5): the same float32 computation
 # compiled for symbolic shapes (StableHLO) or by onnxruntime's kernels (ONNX) differs by
 # rounding only (measured up to 6e-6 and 9e-6); durations and masks are equal exactly.
-ATOL = {"stablehlo": 1e-4, "onnx": export_lib.ONNX_TOLERANCE}
+ATOL = {"stablehlo": 1e-4, "onnx": staging.ONNX_TOLERANCE}
 SHAPES = [(2, 7, 0), (3, 19, 1)]  # (B, N, seed): two batch sizes and phoneme lengths
 
 
@@ -158,7 +158,7 @@ def test_onnx_matches_the_model(tts_tiny_run, loaded, tmp_path):
     args = ("--workdir", run_dir, "--output", str(out), "--format", "onnx")
     proc = run_module("jaxspeech.export", *args, "--onnx_python", python)
     printed = json.loads(proc.stdout.strip().splitlines()[-1])
-    manifest = json.loads((out / export_lib.MANIFEST).read_text())
+    manifest = json.loads((out / artifact_dir.MANIFEST).read_text())
     assert printed["task"] == "tts" and printed["step"] == manifest["run"]["step"]
     assert printed["max_frames"] == manifest["max_frames"] == 448
     assert (
@@ -172,12 +172,32 @@ def test_onnx_matches_the_model(tts_tiny_run, loaded, tmp_path):
     import onnxruntime as ort
 
     fn = manifest["functions"]["acoustic"]
-    assert fn["max_abs_diff_vs_jax"] <= export_lib.ONNX_TOLERANCE and fn["dtype"] == "float32"
+    assert fn["max_abs_diff_vs_jax"] <= staging.ONNX_TOLERANCE and fn["dtype"] == "float32"
     session = ort.InferenceSession(str(out / fn["file"]), providers=["CPUExecutionProvider"])
     for b, n, seed in SHAPES:
         feeds = _inputs(loaded, b, n, seed)
         got = session.run(None, feeds)
         check_against_reference(got, loaded, feeds, manifest["max_frames"], ATOL["onnx"])
+    # Ids outside the tables, no phonemes, a NaN scale: clamped (tts.acoustic), never NaN.
+    speakers = len(loaded.assets.speakers)
+    bad = {
+        "phonemes": np.array([[2, 3, 4, 5]] * 4 + [[2, 10**6, -5, 3]], np.int32),
+        "phoneme_len": np.array([4, 4, 4, 0, 4], np.int32),
+        "speaker": np.array([speakers - 1, speakers, -1, 0, 0], np.int32),
+        "duration_scale": np.array([1, 1, np.nan, 1, 1], np.float32),
+    }
+    log_mel, mask, durations, _ = session.run(None, bad)
+    assert np.isfinite(log_mel).all() and not mask[3].any()
+    np.testing.assert_array_equal(durations[1], durations[0])  # speaker S -> S - 1
+    # `python -m jaxspeech.synthesize --artifact` runs the ONNX function as the run's.
+    from jaxspeech.tts import synthesis
+
+    sentence = [synthesis.Sentence(1, "_ a m _", "_ a m _", ["_", "a", "m", "_"])]
+    exported, in_process = (
+        synthesis.spoken_mels(s, sentence, 1, 1.0)[0]
+        for s in (synthesis.from_artifact(str(out)), synthesis.from_run(run_dir))
+    )
+    np.testing.assert_allclose(exported, in_process, atol=ATOL["onnx"])
 
 
 def test_bad_command_lines(tts_tiny_run, tmp_path):

@@ -19,11 +19,12 @@ import pytest
 import soundfile as sf
 
 from configs import tts
+from jaxspeech.config import build
 from jaxspeech.data.plan import PlannedBatch
 from jaxspeech.parallel import mesh as mesh_lib
-from jaxspeech.training import tts_task
-from jaxspeech.training.tts_objective import make_tts_grads_fn
-from jaxspeech.training.tts_task import TtsTask
+from jaxspeech.tts import task as tts_task
+from jaxspeech.tts.objective import make_tts_grads_fn
+from jaxspeech.tts.task import TtsTask
 from tests.e2e.cli import run_module, tts_train_args
 
 STEPS = tts.get_config("tiny").train.num_steps
@@ -134,7 +135,7 @@ def test_loss_and_gradients_on_an_8_device_mesh_equal_one_device(one_device, dat
     mesh = mesh_lib.make_mesh({"data": 4, "fsdp": 2}, devices=jax.devices()[:8])
     task = TtsTask(config, mesh)
     task.install_assets(str(tmp_path), False)
-    spec = tts_task.model_spec(task.make_model, tts_task.target_stats(task.assets), mesh)
+    spec = build.model_spec(task.make_model, tts_task.target_stats(task.assets), mesh)
     params = jax.device_put(jax.device_get(state1.params), spec.param_shardings)
     model_vars = jax.device_put(jax.device_get(state1.model_vars), spec.var_shardings)
     assert params["token_embed"].sharding.spec[1] == "fsdp"

@@ -17,9 +17,9 @@ from flax import nnx
 
 from jaxspeech.parallel import mesh as mesh_lib
 from jaxspeech.parallel.rules import state_shardings
-from jaxspeech.tts import vocoder_losses as vl
-from jaxspeech.tts.hifigan import DEMO_GENERATOR, HiFiGANGenerator, num_params, vocode
-from jaxspeech.tts.hifigan_discriminators import DEMO_DISCRIMINATOR, HiFiGANDiscriminator
+from jaxspeech.vocoder import losses as vl
+from jaxspeech.vocoder.discriminators import DEMO_DISCRIMINATOR, HiFiGANDiscriminator
+from jaxspeech.vocoder.hifigan import DEMO_GENERATOR, HiFiGANGenerator, num_params, vocode
 from tests.tts.tones import harmonic_tone
 
 HOP, MELS, B, S = 160, 80, 8, 880  # S samples -> T = 6 frames -> 960 samples

@@ -1,4 +1,4 @@
-"""`python -m jaxspeech.export` on a vocoder's run (jaxspeech/serving/vocoder_export.py) on
+"""`python -m jaxspeech.export` on a vocoder's run (jaxspeech/vocoder/artifact.py) on
 the session's tiny vocoder run (tests/tts/conftest.py; read, never changed): the StableHLO
 and ONNX artifacts against the generator in process at two (B, T) (symbolic batch and
 frames), the manifest, the synthesizer's export with --vocoder_workdir (both functions in
@@ -14,20 +14,21 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from jaxspeech.common.errors import UserError
 from jaxspeech.config import build
-from jaxspeech.errors import UserError
 from jaxspeech.parallel import rules
-from jaxspeech.runs.vocoder_loading import FRONT_END_MATCH, generator_graphdef
-from jaxspeech.serving import export as export_lib
-from jaxspeech.serving import tts_export, vocoder_export
-from jaxspeech.tts.hifigan import vocode
+from jaxspeech.serving import artifact_dir, staging
+from jaxspeech.tts import artifact as tts_export
+from jaxspeech.vocoder import artifact as vocoder_export
+from jaxspeech.vocoder.hifigan import vocode
+from jaxspeech.vocoder.loading import FRONT_END_MATCH, generator_graphdef
 from tests.conftest import onnx_converter
 from tests.e2e.cli import run_module
 
 # Exported vs in process, waveform samples in [-1, 1]: the same float32 computation
 # compiled for symbolic shapes (StableHLO: measured bit-equal on CPU) or by onnxruntime's
 # kernels (ONNX: measured up to 6e-8) differs by rounding only; masks are equal exactly.
-ATOL = {"stablehlo": 1e-5, "onnx": export_lib.ONNX_TOLERANCE}
+ATOL = {"stablehlo": 1e-5, "onnx": staging.ONNX_TOLERANCE}
 SHAPES = [(2, 7, 0), (3, 23, 1)]  # (B, T, seed): two batch sizes and frame counts
 HOP = 160
 
@@ -106,14 +107,14 @@ def test_onnx_matches_the_generator(vocoder_tiny_run, loaded, tmp_path):
     args = ("--workdir", run_dir, "--output", str(out), "--format", "onnx")
     proc = run_module("jaxspeech.export", *args, "--onnx_python", python)
     printed = json.loads(proc.stdout.strip().splitlines()[-1])
-    manifest = json.loads((out / export_lib.MANIFEST).read_text())
+    manifest = json.loads((out / artifact_dir.MANIFEST).read_text())
     assert printed["task"] == "vocoder" and printed["step"] == manifest["run"]["step"]
     assert sorted(manifest["files"]) == sorted(p.name for p in out.iterdir())
     assert manifest["files"] == ["vocoder.onnx", "manifest.json"]
     import onnxruntime as ort
 
     fn = manifest["functions"]["vocoder"]
-    assert fn["max_abs_diff_vs_jax"] <= export_lib.ONNX_TOLERANCE and fn["dtype"] == "float32"
+    assert fn["max_abs_diff_vs_jax"] <= staging.ONNX_TOLERANCE and fn["dtype"] == "float32"
     session = ort.InferenceSession(str(out / fn["file"]), providers=["CPUExecutionProvider"])
     for b, t, seed in SHAPES:
         feeds = vocoder_export.check_inputs(80, b, t, seed)
@@ -130,12 +131,25 @@ def test_with_a_synthesizer(tts_tiny_run, vocoder_tiny_run, loaded, tmp_path):
     manifest = tts_export.export_tts_run(tts_dir, str(out), vocoder_workdir=vocoder_dir)
     assert manifest["task"] == "tts" and list(manifest["functions"]) == ["acoustic", "vocoder"]
     assert manifest["files"] == ["acoustic.stablehlo", "vocoder.stablehlo", "manifest.json"]
-    assert manifest == json.loads((out / export_lib.MANIFEST).read_text())
+    assert manifest == json.loads((out / artifact_dir.MANIFEST).read_text())
     section, run = manifest["vocoder"], loaded[0]
     assert section["function"] == "vocoder" and section["hop_length"] == HOP
     assert section["run"]["step"] == run.step and section["run"]["workdir"] == vocoder_dir
     assert section["front_end"]["num_mel_bins"] == manifest["n_mels"] == 80
     assert manifest["griffin_lim"]["n_iter"] == 64  # still described beside it
+    # `python -m jaxspeech.synthesize --artifact` vocodes with the exported generator as
+    # the vocoder run does in process (`vocoder.inference.NeuralVocoder`).
+    from jaxspeech.tts import synthesis
+    from jaxspeech.vocoder.inference import NeuralVocoder
+
+    synth = synthesis.from_artifact(str(out))
+    assert synth.vocoder_name == "hifigan"
+    sentence = [synthesis.Sentence(1, "_ a m _", "_ a m _", ["_", "a", "m", "_"])]
+    mels = synthesis.spoken_mels(synth, sentence, 0, 1.0)
+    (audio,) = synthesis.vocoded(synth, mels, "auto")
+    (want,) = NeuralVocoder(run, synth.max_frames)(mels)
+    assert len(audio) == len(mels[0]) * HOP and np.isfinite(audio).all()
+    np.testing.assert_allclose(audio, want, atol=1e-4)
 
 
 def test_bad_command_lines(tts_tiny_run, vocoder_tiny_run, tmp_path):

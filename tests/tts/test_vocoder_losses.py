@@ -7,8 +7,8 @@ import librosa
 import numpy as np
 
 from jaxspeech.audio.features import LogMelConfig
-from jaxspeech.tts import vocoder_losses as vl
-from jaxspeech.tts.hifigan_discriminators import Features, average_pool, period_view
+from jaxspeech.vocoder import losses as vl
+from jaxspeech.vocoder.discriminators import Features, average_pool, period_view
 
 RNG = np.random.default_rng(0)
 CFG = LogMelConfig()

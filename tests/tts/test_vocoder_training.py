@@ -21,9 +21,9 @@ import soundfile as sf
 
 from configs import tts, vocoder
 from jaxspeech.audio.features import LogMelConfig
+from jaxspeech.common.errors import UserError
 from jaxspeech.config import validate
-from jaxspeech.errors import UserError
-from jaxspeech.evaluation.vocoder import check_vocoder_run
+from jaxspeech.vocoder.inference import check_vocoder_run
 from tests.e2e.cli import run_module, session_overrides
 
 STEPS = vocoder.get_config("tiny").train.num_steps
@@ -87,6 +87,7 @@ def test_the_synthesizer_evaluation_scores_both_vocoders(
     shutil.copytree(tts_tiny_run[0], run)
     args = ["--workdir", str(run), "--data", str(tts_corpus), "--split", "dev"]
     voc = ["--vocoder_workdir", str(vocoder_tiny_run[0]), "--max_utterances", "2"]
+    voc += ["--mos_utterances", "1"]  # DNSMOS: 3 s of CPU per utterance and system
     proc = run_module("jaxspeech.evaluate", *args, *voc)
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["vocoder"] == "griffin_lim" and summary["num_utts"] == 2
@@ -94,8 +95,14 @@ def test_the_synthesizer_evaluation_scores_both_vocoders(
     assert hifigan["vocoder_step"] == STEPS and hifigan["mcd_utterances"] == 2
     assert np.isfinite(hifigan["mcd_db"]) and np.isfinite(summary["mcd_db"])
     assert hifigan["mcd_db"] != summary["mcd_db"]
+    # DNSMOS of the first utterance: Griffin-Lim's, HiFi-GAN's and the recording's.
+    for scored in (summary, hifigan, summary["real"]):
+        assert scored["dnsmos_utterances"] == 1, scored
+        assert all(1.0 <= scored[k] <= 5.0 for k in ("dnsmos_sig", "dnsmos_ovrl")), scored
+    assert summary["real"]["dnsmos_ovrl"] != summary["dnsmos_ovrl"] != hifigan["dnsmos_ovrl"]
     rows = [json.loads(x) for x in open(run / "eval" / f"dev-step{TTS_STEP}-synthesis-utts.jsonl")]
     assert len(rows) == 2
+    assert sum("real" in r for r in rows) == 1  # --mos_utterances 1
     for r in rows:  # every measure of each row, for each vocoder
         assert r["mcd_db"] is not None and r["hifigan"]["mcd_db"] is not None, r
         assert set(r["hifigan"]) >= {"pesq", "f0_rmse_hz", "voicing_error"}
