@@ -63,6 +63,9 @@ def get_config(arg: str | None = None) -> ConfigDict:
     # LayerNorm copies, FFN hiddens and (B, H, T, T) attention tensors of 17 layers), for
     # 3% more GEMM FLOPs and no more launches (benchmarks/README.md, gpu_plan.py).
     c.model.conformer.remat = "dots"
+    # pos_enc stays "rel" (cuDNN takes its position term as a bias): "rope" saves 7% of the
+    # L plan's launches but read the demo's natural speech 2.2-2.6 CER points worse at equal
+    # steps (docs/results/asr.md, "Rotary or relative positions").
     c.model.transducer.predictor_dim = head_dim
     c.model.transducer.joiner_dim = head_dim
     c.loss.rnnt_warmup_steps = 4000  # icefall's warm_step for the pruned loss

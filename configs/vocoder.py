@@ -1,7 +1,7 @@
-r"""The neural vocoder: HiFi-GAN trained by the same trainer as the recognizers and the
-synthesizer (`config.task = "vocoder"`), on the demo corpus's audio, on CPU. It inverts
-the recognizer's own log-mel (config.features), the features FastSpeech2
-(configs/tts.py) predicts, so `python -m jaxspeech.evaluate --workdir TTS_RUN
+r"""The neural vocoder (`config.task = "vocoder"`): a generator trained by the same trainer as
+the recognizers and the synthesizer against HiFi-GAN's discriminators, on the demo corpus's
+audio, on CPU. It inverts the recognizer's own log-mel (config.features), the features
+FastSpeech2 (configs/tts.py) predicts, so `python -m jaxspeech.evaluate --workdir TTS_RUN
 --vocoder_workdir VOCODER_RUN` scores the synthesizer's speech through it beside
 Griffin-Lim.
 
@@ -9,23 +9,29 @@ Run: `make demo-tts` (after the synthesizer, this config into runs/demo-vocoder)
   python -m jaxspeech.train --config configs/vocoder.py --workdir runs/vocoder
 
 Variants (`--config configs/vocoder.py:NAME`):
-  (default) the demo's size: a 64-channel generator (hifigan.DEMO_GENERATOR, 0.23 M
-            parameters) and the small discriminators (DEMO_DISCRIMINATOR, 0.33 M), 8192-
-            sample segments, 120 steps at 1e-3: 2.7 minutes of 2 CPU cores, far too
-            few steps for clean speech (HiFi-GAN trains for hundreds of thousands): the
-            demo shows the pipeline, not the quality.
-  tiny      a seconds-long model for tests (tests/tts/test_vocoder_training.py): its mel
-            L1 falls, nothing more.
+  (default) HiFi-GAN's demo (hifigan.DEMO_GENERATOR, 0.23 M parameters) and the small
+            discriminators (DEMO_DISCRIMINATOR, 0.33 M), 120 steps of 4 segments of 8192
+            samples at 1e-3, adversarial from the start: 2.7 minutes on a quiet machine,
+            log-mel L1 3.6 -> 2.4, not speech yet (HiFi-GAN trains for hundreds of
+            thousands of steps; keep it for accelerators).
+  vocos     Vocos (jaxspeech/vocoder/vocos.py: ConvNeXt at the frame rate, magnitude and
+            phase, inverse STFT; vocos.DEMO_GENERATOR's 0.76 M parameters), the same
+            discriminators, 8 segments a step at 2e-3: 1,900 steps of the mel L1 alone
+            (the generator's pass only), then 100 with the discriminators. Its training
+            figures: docs/results/tts.md; the synthesizer scored through it on
+            tts_heldout is not measured yet, so `make demo-tts` keeps HiFi-GAN
+            (`make demo-tts DEMO_VOCODER_CONFIG=configs/vocoder.py:vocos` runs it).
+  tiny      a seconds-long Vocos for tests (tests/tts/test_vocoder_training.py): 10 mel-only
+            steps, then 10 adversarial ones; its mel L1 falls, nothing more.
 
-Expected: log-mel L1 about 3.6 -> 2.4 over the 120 steps, not speech yet. Every measured
-figure, with command, commit and device: docs/results/tts.md.
+Every measured figure, with command, commit and device: docs/results/tts.md.
 """
 
 from ml_collections import ConfigDict
 
 from jaxspeech.config import defaults
 
-VARIANTS = ("default", "tiny")
+VARIANTS = ("default", "vocos", "tiny")
 
 
 def get_config(arg: str | None = None) -> ConfigDict:
@@ -38,32 +44,49 @@ def get_config(arg: str | None = None) -> ConfigDict:
     c.data.dir = "data/demo/shards"  # written by `python -m data_prep.prepare`
     c.data.eval_split = "tts_heldout"  # the synthesizer's evaluation split (configs/tts.py)
     c.data.eval_bucket_boundaries = (3.0, 6.5)  # two compilations of the scoring pass
-    c.vocoder.generator_channels = 64  # hifigan.DEMO_GENERATOR
     c.vocoder.discriminator = "demo"
-    # A few minutes of CPU: more, smaller steps. At HiFi-GAN's 2e-4 the near-silent
-    # initial generator did not move in 10 steps (log-mel L1 5.16 -> 5.19, batch 8); at
-    # 1e-3 it fell to 4.5 over steps 1-10 and 3.0 over steps 11-20 (4 segments a step).
-    c.vocoder.batch_size = 4
-    c.optim.peak_lr = c.optim2.peak_lr = 1e-3  # the generator's and the discriminators'
     c.vocoder.eval_utterances = 4
-    # `make demo-tts` gives the vocoder a few of its 30 minutes on 2 CPU cores. Measured on
-    # a quiet machine (2026-11-27, docs/results/tts.md): 1.05 s a step of 4 segments, 24 s of
-    # compilation, 2.7 min for the 120 steps with the final evaluation; the evaluation of
-    # both vocoders after it 3.6 min. Log-mel L1 3.6 -> 2.4 in these steps: not speech yet.
-    c.train.num_steps = 120
-    c.train.log_every = 25
     c.train.checkpoint_every = 0  # saved at the end (and on SIGTERM, and every 10 min)
     c.monitor.samples_every = 0  # the final evaluation writes the comparison
+    # HiFi-GAN's demo (hifigan.DEMO_GENERATOR, 0.23 M parameters). A few minutes of CPU:
+    # more, smaller steps. At HiFi-GAN's 2e-4 the near-silent initial generator did not
+    # move in 10 steps (log-mel L1 5.16 -> 5.19, batch 8); at 1e-3 it fell to 4.5 over
+    # steps 1-10 and 3.0 over steps 11-20 (4 segments a step). Measured on a quiet machine
+    # (2026-11-27, docs/results/tts.md): 1.05 s a step, 24 s of compilation, 2.7 min for the
+    # 120 steps with the final evaluation; the evaluation of both vocoders after it 3.6 min;
+    # log-mel L1 3.6 -> 2.4: not speech yet.
+    c.vocoder.generator = "hifigan"
+    c.vocoder.generator_channels = 64
+    c.vocoder.batch_size = 4
+    c.optim.peak_lr = c.optim2.peak_lr = 1e-3  # the generator's and the discriminators'
+    c.train.num_steps = 120
+    c.train.log_every = 25
+    if variant in ("vocos", "tiny"):
+        # Vocos (jaxspeech/vocoder/vocos.py): ConvNeXt at the frame rate and an inverse
+        # STFT, 0.76 M parameters. A step of the mel L1 alone took 75 ms for 4 segments,
+        # one with the demo discriminators 4.7 s (the loaded 2-core VM), so most steps are
+        # of the mel L1 alone (vocoder.adversarial_start), the discriminators joining last.
+        c.vocoder.generator = "vocos"
+        c.vocoder.vocos_dim = 128  # vocos.DEMO_GENERATOR
+        c.vocoder.vocos_intermediate_dim = 384
+        c.vocoder.vocos_layers = 6
+        c.vocoder.batch_size = 8
+        c.optim.peak_lr = c.optim2.peak_lr = 2e-3
+        c.train.num_steps = 2000
+        c.vocoder.adversarial_start = 1900
+        c.train.log_every = 250
     if variant == "tiny":
         c.data.eval_split = "dev"
         c.data.eval_bucket_boundaries = (2.0,)
         c.vocoder.segment_samples = 1600
         c.vocoder.batch_size = 4
-        c.vocoder.generator_channels = 16
-        c.vocoder.resblocks = 1
-        c.vocoder.discriminator = "tiny"
         c.optim.peak_lr = c.optim2.peak_lr = 2e-3
+        c.vocoder.vocos_dim = 16
+        c.vocoder.vocos_intermediate_dim = 32
+        c.vocoder.vocos_layers = 2
+        c.vocoder.discriminator = "tiny"
         c.vocoder.eval_utterances = 2
+        c.vocoder.adversarial_start = 10  # both kinds of step, and resuming across them
         c.train.num_steps = 20
         c.train.log_every = 5
         c.train.checkpoint_every = 10

@@ -1,10 +1,12 @@
 """A native crash as one line naming the step (jaxspeech/runs/crash.py): a real command
-supervised as `python -m jaxspeech.train` is, crashing with SIGSEGV in a named phase."""
+supervised as `python -m jaxspeech.train` is, crashing with SIGSEGV in a named phase; exit
+codes and signals passed on, through a stop and a continue."""
 
 import os
 import signal
 import subprocess
 import sys
+import time
 
 from jaxspeech.runs import crash
 
@@ -63,9 +65,13 @@ def test_exit_codes_and_signals_pass_through(tmp_path):
     )
     proc = _start(tmp_path, "exit")
     assert proc.communicate(timeout=120) == ("", "") and proc.returncode == 3
-    # A SIGINT sent to the command's pid (not by the terminal) reaches the child.
+    # Stopped and continued (Ctrl-Z then fg; a scheduler's suspend), the supervisor goes on
+    # waiting; a SIGINT sent to the command's pid (not by the terminal) reaches the child.
     proc = _start(tmp_path, "sigint")
     assert proc.stdout.readline() == "waiting\n"
+    for sig in (signal.SIGSTOP, signal.SIGCONT):
+        proc.send_signal(sig)
+        time.sleep(0.5)  # the stop is seen by the supervisor's wait before the next signal
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     assert (out, err, proc.returncode) == ("child got SIGINT\n", "", 7)

@@ -3,6 +3,8 @@
 - Import layers: a module imports only from its own layer or the layers below it, so a
   change low in the stack never needs one high up. Evaluation never imports training.
 - No import cycles between modules (lazy imports inside functions count too).
+- The package stands alone: it imports none of the tools around it (data_prep, configs,
+  benchmarks, tests), which import it.
 - Entry points (`python -m jaxspeech.<cli>`) are imported by no library module, sit at the
   top of the package (never inside a library package) and share no basename with a
   library module; at most MAX_TOP_MODULES modules sit at the top of jaxspeech/.
@@ -127,6 +129,21 @@ def test_imports_go_down_the_layers(graph):
         if layer_of(m) is not None and layer_of(d) is not None and layer_of(d) < layer_of(m)
     ]
     assert not upward, "upward imports:\n" + "\n".join(sorted(upward))
+
+
+def test_the_package_imports_none_of_the_tools_around_it():
+    outside = ("data_prep", "configs", "benchmarks", "tests")
+    found = []
+    for path in sorted((ROOT / "jaxspeech").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module]
+            else:
+                continue
+            found += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.split(".")[0] in outside]
+    assert not found, found
 
 
 def test_no_module_imports_an_entry_point(graph):

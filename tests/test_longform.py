@@ -355,7 +355,7 @@ def test_a_gate_at_minus_inf_lets_everything_through():
 
 def _espeak_speech() -> np.ndarray:
     """A sentence of the demo's synthesizer (espeak-ng), at SR, at -20 dBFS RMS."""
-    from data_prep.demo import espeak
+    from jaxspeech.tts.text import espeak
 
     tts = espeak.Espeak.get()
     tts.set_voice("en-us")

@@ -15,7 +15,7 @@ The sources, both packaged by stdlib-js with their data under PDDL 1.0 / CC0 1.0
                        (data_prep/demo/synth.py --natural_share).
 Two sources, so that no test sentence's wording, names or style is in training.
 Sentences are split at . ! ? (not after the abbreviations `normalize` knows), written out
-by `data_prep.demo.normalize`, kept at 5-16 words, deduplicated, and a seeded sample of
+by `jaxspeech.tts.text.normalize`, kept at 5-16 words, deduplicated, and a seeded sample of
 them is written with a header naming the source. Rerunning it on the same packages gives
 the same files.
 """
@@ -29,15 +29,15 @@ import random
 import re
 from collections.abc import Sequence
 
-from data_prep.demo import normalize as norm
 from jaxspeech.common import files
+from jaxspeech.tts.text import normalize as norm
 
 TEXTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "texts")
 MOBY_DICK = os.path.join(TEXTS, "moby_dick.txt")
 SOTU = os.path.join(TEXTS, "sotu.txt")
 HEADER = """\
 # Sentences of {source}, from the npm package {package} (data under PDDL 1.0 / CC0 1.0),
-# written out by data_prep.demo.normalize: the transcript, a tab, what the synthesizer is
+# written out by jaxspeech.tts.text.normalize: the transcript, a tab, what the synthesizer is
 # given. Made by `python -m data_prep.demo.make_texts` (see there); {count} of {kept}
 # usable sentences ({read} read, seed {seed}).
 """

@@ -12,7 +12,7 @@ and DIR/corpus_info.json (per-split utterances, hours, speakers, distinct words;
 pause and for the edge silences (e.g. "_ h @ l 'oU _"); "phoneme_ends" the second each one
 ends at in the WAV (rounded to 0.1 ms, non-decreasing, the last exactly "duration"): the
 timing espeak-ng reports, mapped through the trimming and edge silences
-(`data_prep.demo.phonemes`). They are what text-to-speech training learns durations from.
+(`jaxspeech.tts.text.phonemes`). They are what text-to-speech training learns durations from.
 
 Speakers are espeak-ng English accents x voice variants x a base rate/pitch/range. Test and
 dev speakers are held out: their variants (timbres) never occur in train, though their
@@ -55,11 +55,12 @@ import numpy as np
 import soundfile as sf
 import soxr
 
-from data_prep.demo import corpus_dir, espeak, make_texts, phonemes
+from data_prep.demo import corpus_dir, make_texts
 from data_prep.demo import sentences as sentences_lib
-from data_prep.demo import speakers as speakers_lib
-from data_prep.demo.speakers import ACCENTS, SPEAKERS, Speaker  # noqa: F401 (this module's API)
 from jaxspeech.common import files
+from jaxspeech.tts.text import demo_speakers as speakers_lib
+from jaxspeech.tts.text import espeak, phonemes
+from jaxspeech.tts.text.demo_speakers import ACCENTS, SPEAKERS, Speaker  # noqa: F401 (this module's API)
 
 # Bump when anything that changes the audio or transcripts (speakers, planning, rendering)
 # changes. The manifests' phoneme fields did not bump it: the audio and transcripts are
@@ -317,7 +318,7 @@ def render(utt: Utterance, tts: espeak.Espeak) -> tuple[np.ndarray, phonemes.Ali
 
     Returns:
       ((N,) int16 samples at SAMPLE_RATE, the phonemes spoken and the second each ends at
-      in those samples: see `data_prep.demo.phonemes.align`).
+      in those samples: see `jaxspeech.tts.text.phonemes.align`).
     """
     tts.set_voice(utt.voice, utt.variant)
     tts.set_prosody(utt.rate, utt.pitch, utt.pitch_range)

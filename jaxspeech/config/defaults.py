@@ -219,9 +219,9 @@ def _conformer(c: ConfigDict) -> None:
     # memory, so recomputation would only cost time.
     c.model.conformer.remat = "none"
     # Position encoding of the self-attention: "rel" (Transformer-XL relative positions,
-    # ESPnet's and NeMo's default, the demo's measured recipe) or "rope" (rotary
-    # embeddings: no (B, H, T, T) positional bias, so cuDNN's fused kernel runs attention
-    # without one; NeMo's choice for fused attention).
+    # ESPnet's and NeMo's default, the demo's measured recipe) or "rope" (rotary embeddings:
+    # no (B, H, T, T) bias, so cuDNN's fused kernel runs without one; at equal steps the
+    # demo's natural speech 2.2-2.6 CER points worse: docs/results/asr.md, "Rotary").
     c.model.conformer.pos_enc = "rel"
     # Attention kernel: "auto" (cuDNN's fused attention on a GPU with bf16/f16 compute and
     # a head dim cuDNN takes, XLA elsewhere), "cudnn" (fail if it cannot run) or "xla".
@@ -398,23 +398,23 @@ def _tts(c: ConfigDict) -> None:
 
 
 def _vocoder(c: ConfigDict) -> None:
-    # config.task = "vocoder": HiFi-GAN (jaxspeech/vocoder/hifigan.py) turns the raw log-mel
-    # (config.features) into the train split's audio, on random fixed-length segments
-    # (jaxspeech.vocoder.task); its optimizers: optim (generator), optim2 (discriminators).
+    # config.task = "vocoder": a generator turns the raw log-mel (config.features) into audio
+    # segments (jaxspeech.vocoder.task); optimizers: optim (generator), optim2 (discriminators).
     c.vocoder = ConfigDict()  # the neural vocoder (config.task = "vocoder")
-    # Samples per training segment (HiFi-GAN's 8192: 0.51 s at 16 kHz); a shorter
-    # utterance is padded and its padding masked out of every loss.
-    c.vocoder.segment_samples = 8192
+    c.vocoder.generator = "hifigan"  # or "vocos" (jaxspeech/vocoder/vocos.py): ~10x cheaper
+    c.vocoder.segment_samples = 8192  # HiFi-GAN's 0.51 s; shorter utterances padded and masked
     c.vocoder.batch_size = 16  # segments per step (global), HiFi-GAN's V1
     c.vocoder.generator_channels = 512  # the first stage's width, halved at each of 4 (V1 512)
     c.vocoder.resblocks = 3  # residual blocks per stage: kernels 3, 7, 11, the first this many
-    # Discriminator sizes: "paper" (MPD + MSD, 70.7 M parameters), "demo" (0.33 M, for CPU
-    # runs), "tiny" (2 periods, 2 scales, a few channels: tests).
-    c.vocoder.discriminator = "paper"
+    c.vocoder.vocos_dim = 512  # vocos: channels (Vocos's base 512 / 1536 / 8: 13.5 M parameters)
+    c.vocoder.vocos_intermediate_dim = 1536  # vocos: the ConvNeXt blocks' MLP width
+    c.vocoder.vocos_layers = 8  # vocos: ConvNeXt blocks (its n_fft: 4 x features.hop_length)
+    c.vocoder.discriminator = "paper"  # MPD + MSD, 70.7 M parameters; "demo" 0.33 M; "tiny"
     c.vocoder.dtype = "float32"  # compute: float32 | bfloat16 (parameters stay float32)
     c.vocoder.mel_weight = 45.0  # the generator's loss: 45 x log-mel L1 (the paper's) ...
     c.vocoder.feature_weight = 2.0  # ... + 2 x feature matching ...
     c.vocoder.adversarial_weight = 1.0  # ... + 1 x least-squares adversarial
+    c.vocoder.adversarial_start = 0  # steps of mel L1 alone first (discriminators resting)
     # Utterances of each eval split that are also vocoded by Griffin-Lim (on the host) and
     # scored by MCD-DTW for both vocoders (0 = none); the mel L1 covers the whole split.
     c.vocoder.eval_utterances = 8

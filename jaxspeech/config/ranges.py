@@ -128,6 +128,10 @@ RANGES: dict[str, str] = {
     "vocoder.batch_size": ">= 1",
     "vocoder.generator_channels": ">= 16",  # and a multiple of 16 (four halvings)
     "vocoder.resblocks": "in [1, 3]",
+    "vocoder.vocos_dim": ">= 1",
+    "vocoder.vocos_intermediate_dim": ">= 1",
+    "vocoder.vocos_layers": ">= 1",
+    "vocoder.adversarial_start": ">= 0",
     "vocoder.mel_weight": ">= 0",
     "vocoder.feature_weight": ">= 0",
     "vocoder.adversarial_weight": ">= 0",

@@ -49,6 +49,7 @@ WEIGHT_DECAY_MASKS = ("matrices", "all")
 TASKS = ("asr", "tts", "vocoder")
 # The discriminator sizes jaxspeech.vocoder.loading builds (config.vocoder.discriminator).
 VOCODER_DISCRIMINATORS = ("paper", "demo", "tiny")
+VOCODER_GENERATORS = ("hifigan", "vocos")  # jaxspeech.vocoder.generator.GENERATORS's
 
 # key -> its allowed values, from the code that reads the key. decoding.method is checked
 # by jaxspeech.decoding.search and the sync keys by jaxspeech.parallel.sync (their own
@@ -56,6 +57,7 @@ VOCODER_DISCRIMINATORS = ("paper", "demo", "tiny")
 CHOICES: dict[str, tuple] = {
     "task": TASKS,
     "vocoder.discriminator": VOCODER_DISCRIMINATORS,
+    "vocoder.generator": VOCODER_GENERATORS,
     "features.kind": mfcc.FEATURE_KINDS,
     "model.encoder": tuple(ENCODERS),
     "model.head": asr.HEADS,
@@ -465,19 +467,19 @@ def _tts(c: ConfigDict, report: Report) -> None:
 
 
 def _vocoder(c: ConfigDict, report: Report) -> None:
-    """task=vocoder: its own settings, and what its two-model step does not support (one
-    line each): it inverts log-mel, updates both models once per step on the whole batch,
-    all-reduce only, no pipeline stages. Its optimizers are checked with config.optim's."""
-    _choice(c, "vocoder.discriminator", report)
-    _choice(c, "vocoder.dtype", report)
-    if ranges.check(c, under("vocoder."), report) and c.vocoder.generator_channels % 16:
+    """task=vocoder: its settings and what its two-model step does not support, a line each
+    (log-mel only, no accumulation, all-reduce, no stages); its optimizers: `_train`."""
+    for key in ("discriminator", "generator", "dtype"):
+        _choice(c, f"vocoder.{key}", report)
+    hifigan = c.vocoder.generator == "hifigan"
+    if ranges.check(c, under("vocoder."), report) and hifigan and c.vocoder.generator_channels % 16:
         report(
             "vocoder.generator_channels must be a multiple of 16 (halved at each of the 4 "
             f"upsampling stages), got {c.vocoder.generator_channels}"
         )
     needs = {
         "features.kind": ("log_mel", "the vocoder inverts log-mel frames"),
-        "features.hop_length": (160, "the generator upsamples 5 x 4 x 4 x 2"),
+        **({"features.hop_length": (160, "HiFi-GAN upsamples 5 x 4 x 4 x 2")} if hifigan else {}),
         "train.grad_accum": (1, "the step updates the discriminator, then the generator"),
         "sync.strategy": ("allreduce", "the step has two models and two optimizers"),
         "mesh.stage": (1, "pipeline stages split the recognizer's encoder"),

@@ -107,7 +107,10 @@ def _wait(child: subprocess.Popen) -> int:
     signals = {*FORWARDED, signal.SIGCHLD}  # blocked: received only by sigtimedwait
     while child.poll() is None:
         info = signal.sigtimedwait(signals, 1.0)
-        if info is None or info.si_signo == signal.SIGCHLD:
+        # Only the forwarded signals go on: SIGCHLD just wakes the loop, and after this
+        # process is stopped and continued (Ctrl-Z then fg, a scheduler's suspend) CPython's
+        # retried sigtimedwait can return an unfilled siginfo (a garbage signal number).
+        if info is None or info.si_signo not in FORWARDED:
             continue
         from_terminal = info.si_code == SI_KERNEL
         if info.si_signo in (signal.SIGINT, signal.SIGQUIT) and from_terminal:

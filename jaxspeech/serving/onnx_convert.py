@@ -207,8 +207,9 @@ def write_onnx(
     from jax2onnx import to_onnx  # noqa: PLC0415
 
     path = os.path.join(output, f"{name}.onnx")
-    if os.path.exists(path):
-        os.remove(path)
+    for old in (path, path + ".data"):  # onnx appends to an existing external-data file
+        if os.path.exists(old):
+            os.remove(old)
     t0 = time.perf_counter()
     to_onnx(
         fn,
@@ -219,8 +220,12 @@ def write_onnx(
         return_mode="file",
         output_path=path,
     )
+    # jax2onnx puts large constants (Vocos's inverse-DFT basis, 1.6 MB) in an external-data
+    # file; loading reads them in, and the model is saved back as one file without it.
     model = onnx.load(path)
     rewritten = einsum_to_matmul(model)
+    if os.path.exists(path + ".data"):
+        os.remove(path + ".data")
     onnx.save(model, path)  # these models' parameters stay far below protobuf's 2 GB
     seconds = round(time.perf_counter() - t0, 2)
     return {"file": os.path.basename(path), "einsum_to_matmul": rewritten, "seconds": seconds}

@@ -426,6 +426,7 @@ class SplitEvaluation:
         run = self.neural.run
         summary = tts_scores.summarize([r[NEURAL] for r in self.rows])
         summary |= {"vocoder_workdir": run.workdir, "vocoder_step": run.step}
+        summary["generator"] = self.neural.kind  # "hifigan" or "vocos"
         if self.recognizer is not None:
             for unit in ("cer", "wer"):
                 rate = getattr(self.counts[NEURAL], unit)

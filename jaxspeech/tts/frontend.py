@@ -2,13 +2,13 @@
 
 Two front ends:
 
-- "espeak": the demo corpus's own (`data_prep.demo`), so that a sentence is phonemized
-  exactly as the corpus's were: written out by `data_prep.demo.normalize` (numbers,
-  abbreviations and symbols as words; a capital and a full stop), spoken by espeak-ng
-  (`data_prep.demo.espeak`) in the speaker's accent and prosody, and its phoneme events
-  mapped to tokens as `data_prep.demo.phonemes.align` maps them ("_" for every pause,
-  one at each end, runs merged, zero-length ones inside dropped). The voice is the
-  speaker's in the demo corpus (`data_prep.demo.speakers`: the accent decides the
+- "espeak": the demo corpus's own (`tts.text`, with which `data_prep.demo` made it), so
+  that a sentence is phonemized exactly as the corpus's were: written out by
+  `tts.text.normalize` (numbers, abbreviations and symbols as words; a capital and a full
+  stop), spoken by espeak-ng (`tts.text.espeak`) in the speaker's accent and prosody, and
+  its phoneme events mapped to tokens as `tts.text.phonemes.align` maps them ("_" for
+  every pause, one at each end, runs merged, zero-length ones inside dropped). The voice
+  is the speaker's in the demo corpus (`tts.text.demo_speakers`: the accent decides the
   phonemes), or the one given (a corpus of other speakers phonemized with espeak-ng).
 - "phonemes": the text is the phonemes themselves, space-separated tokens of the run's
   table (a corpus phonemized by another tool: phonemize the text with that tool).
@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from data_prep.demo import espeak, normalize, phonemes, speakers
 from jaxspeech.common.errors import UserError
 from jaxspeech.tts.batch import PAD, UNK, PhonemeTable
+from jaxspeech.tts.text import demo_speakers, espeak, normalize, phonemes
 
 FRONT_ENDS = ("espeak", "phonemes")
 DEFAULT_VOICE = "en-us"  # espeak-ng's, for a speaker not in the demo corpus
@@ -45,7 +45,7 @@ def voice_for(speaker: str, voice: str | None = None) -> Voice:
     """The voice `speaker` spoke with in the demo corpus (its accent, variant and base
     prosody), with its language replaced by `voice` when given; `voice` (default
     DEFAULT_VOICE) for a speaker the demo corpus does not have."""
-    for s in speakers.SPEAKERS:
+    for s in demo_speakers.SPEAKERS:
         if s.name == speaker:
             demo = Voice(s.voice, s.variant, s.rate, s.pitch, s.pitch_range)
             return demo if voice is None else dataclasses.replace(demo, name=voice)

@@ -103,7 +103,7 @@ def with_vocoder_run(synth: Synthesizer, vocoder_workdir: str) -> Synthesizer:
     """
     run = vocoder_inference.load_checked_vocoder(vocoder_workdir, synth.features, synth.source)
     neural = vocoder_inference.NeuralVocoder(run, synth.max_frames)
-    return dataclasses.replace(synth, vocoder=neural, vocoder_name=vocoder_inference.NAME)
+    return dataclasses.replace(synth, vocoder=neural, vocoder_name=neural.kind)
 
 
 def _artifact_function(directory: str, entry: dict) -> Callable:

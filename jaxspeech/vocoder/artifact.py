@@ -3,7 +3,8 @@ jaxspeech.export --workdir VOCODER_RUN --output DIR [--format stablehlo|onnx]`, 
 same function beside a synthesizer's (`--workdir TTS_RUN --vocoder_workdir VOCODER_RUN`,
 `tts.artifact.export_tts_run`).
 
-One function, `vocoder` (`jaxspeech.vocoder.generator`): HiFi-GAN's generator,
+One function, `vocoder` (`jaxspeech.vocoder.generator`): the run's generator (HiFi-GAN's or
+Vocos's, config.vocoder.generator),
 raw log-mel (b, t, M) and its frame mask in, the waveform (b, t * hop) and its sample mask
 out; b and t symbolic (convolutions only: any length, no static frame axis).
 
@@ -13,9 +14,10 @@ out; b and t symbolic (convolutions only: any length, no static frame axis).
 
 Beside it `manifest.json`: "task" "vocoder", sample rate, hop, mel bins, the input's units,
 the front-end settings a synthesizer's features must match (`vocoder.loading.
-FRONT_END_MATCH`), the generator's arguments, the files, the function's inputs and outputs,
-the run's step and parameter fingerprint. A synthesizer's export names the vocoder in its
-own manifest's "vocoder" (`vocoder_section`) and refuses another front end in one line.
+FRONT_END_MATCH`), the generator's kind ("hifigan" or "vocos") and arguments, the files, the
+function's inputs and outputs, the run's step and parameter fingerprint. A synthesizer's
+export names the vocoder in its own manifest's "vocoder" (`vocoder_section`) and refuses
+another front end in one line.
 """
 
 from __future__ import annotations
@@ -40,6 +42,11 @@ from jaxspeech.vocoder import loading as vocoder_loading
 from jaxspeech.vocoder.loading import VocoderRun
 
 FORMAT_VERSION = 1  # readers check it; fields are only ever added within a version
+ARCHITECTURES = {  # the manifest's words for config.vocoder.generator
+    "hifigan": "HiFi-GAN generator (jaxspeech.vocoder.hifigan.HiFiGANGenerator)",
+    "vocos": "Vocos generator: ConvNeXt, magnitude and phase, inverse STFT "
+    "(jaxspeech.vocoder.vocos.VocosGenerator)",
+}
 NAME = vocoder_generator.NAME
 CONVERTER = "jaxspeech.vocoder.generator"
 UNITS = (
@@ -103,12 +110,13 @@ def export_functions(run: VocoderRun, fmt: str, output: str, onnx_python: str | 
 def generator_function(run: VocoderRun, dtype: str | None = None) -> tuple[Callable, dict, dict]:
     """The exported function over the run's generator (in `dtype`, default the run's)
     -> (function, generator arguments as JSON, float parameters on the host)."""
+    kind = vocoder_loading.generator_kind(run.config)
     arguments = vocoder_generator.json_arguments(vocoder_loading.generator_arguments(run.config))
     params = jax.device_get(run.params["generator"])
     if dtype is not None:
         arguments["dtype"] = dtype
         params = jax.tree.map(lambda x: np.asarray(x, dtype), params)
-    abstract = vocoder_generator.abstract_generator(arguments)
+    abstract = vocoder_generator.abstract_generator(arguments, kind)
     fn = vocoder_generator.vocoder_function(nnx.split(abstract, nnx.Param)[0], params)
     return fn, arguments, params
 
@@ -145,7 +153,11 @@ def export_onnx(run: VocoderRun, output: str, onnx_python: str | None) -> dict:
     fn, arguments, params = generator_function(run, staging.ONNX_DTYPE)
     python = onnx_python or staging.default_onnx_python()
     with tempfile.TemporaryDirectory(dir=output, prefix=".stage-") as where:
-        onnx_convert.stage_arrays(where, {"arguments": arguments}, {"params": params})
+        described = {
+            "arguments": arguments,
+            "generator": vocoder_loading.generator_kind(run.config),
+        }
+        onnx_convert.stage_arrays(where, described, {"params": params})
         report = staging.run_converter(where, output, python, module=CONVERTER)
     feeds = check_inputs(int(run.cfg.num_mel_bins), 2, 7)
     return {NAME: staging.check_onnx_function(output, report, fn, feeds)}
@@ -169,7 +181,7 @@ def vocoder_section(run: VocoderRun, workdir: str) -> dict:
     """A synthesizer manifest's "vocoder": how its `acoustic` outputs feed `vocoder`."""
     return {
         "function": NAME,
-        "kind": "hifigan",
+        "kind": vocoder_loading.generator_kind(run.config),
         "call": f"{NAME}(log_mel, frame_mask) on acoustic's outputs as they are -> "
         "(audio (b, max_frames * hop_length), sample_mask); rows cut at max_frames "
         "(truncated) are vocoded to the cut",
@@ -207,7 +219,8 @@ def _manifest(fmt: str, functions: dict, run: VocoderRun, workdir: str) -> dict:
         },
         "features": run.config.features.to_dict(),
         "generator": {
-            "architecture": "HiFi-GAN generator (jaxspeech.vocoder.hifigan.HiFiGANGenerator)",
+            "kind": vocoder_loading.generator_kind(run.config),
+            "architecture": ARCHITECTURES[vocoder_loading.generator_kind(run.config)],
             "arguments": vocoder_generator.json_arguments(
                 vocoder_loading.generator_arguments(run.config)
             ),

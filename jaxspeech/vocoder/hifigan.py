@@ -254,10 +254,11 @@ class HiFiGANGenerator(nnx.Module):
         return jnp.where(mask, jnp.tanh(x.astype(jnp.float32)), zero(jnp.float32))[..., 0]
 
 
-def vocode(generator: HiFiGANGenerator, log_mel_btf: jax.Array, mask_bt: jax.Array) -> jax.Array:
+def vocode(generator: nnx.Module, log_mel_btf: jax.Array, mask_bt: jax.Array) -> jax.Array:
     """(B, T, F) raw log-mel frames (our front end's, or FastSpeech2's denormalized) and
     their (B, T) bool frame mask -> (B, T * hop) float32 waveform, zero past the valid
-    frames' samples (T_b valid frames -> T_b * hop samples).
+    frames' samples (T_b valid frames -> T_b * hop samples). `generator`: a
+    HiFiGANGenerator or a `vocoder.vocos.VocosGenerator` (the same contract).
 
     Of an utterance of S samples the front end gives T = 1 + S // hop frames, so the
     waveform is up to one hop longer than the original; its first S samples align.

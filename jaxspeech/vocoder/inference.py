@@ -1,4 +1,5 @@
-"""A trained HiFi-GAN (a run of `config.task = "vocoder"`) as other tasks use it: the
+"""A trained vocoder (a run of `config.task = "vocoder"`: HiFi-GAN's or Vocos's generator)
+as other tasks use it: the
 vocoder package's one declared interface (tests/test_layout.py). The synthesizer's
 evaluation (`tts.evaluation`) vocodes its log-mel frames with it beside Griffin-Lim;
 the synthesizer's export (`tts.artifact`) writes its function beside the acoustic one
@@ -29,10 +30,13 @@ from jaxspeech.vocoder.loading import (
     VocoderRun,
     front_end_mismatch,
     generator_graphdef,
+    generator_kind,
     load_vocoder_run,
 )
 
-NAME = "hifigan"  # the results' key of the neural vocoder's scores
+# The results' key of the neural vocoder's scores, whichever generator (its "generator"
+# says which): the key it had when HiFi-GAN was the only one, kept for readers of results.
+NAME = "hifigan"
 ROWS = 8  # utterances vocoded at once (rounded up to a multiple of the batch shards)
 
 
@@ -63,10 +67,12 @@ def check_vocoder_run(workdir: str, features: LogMelConfig, tts_workdir: str) ->
 
 
 class NeuralVocoder:
-    """A vocoder run's generator: raw log-mel frames -> waveforms, `rows` at a time."""
+    """A vocoder run's generator: raw log-mel frames -> waveforms, `rows` at a time;
+    `kind`: config.vocoder.generator ("hifigan", "vocos")."""
 
     def __init__(self, run: VocoderRun, frames_n: int):
         self.run, self.frames_n = run, int(frames_n)
+        self.kind = generator_kind(run.config)
         self.rules = build.rules_from_config(run.config)
         with rules.axis_rules(self.rules):
             self.rows = mesh_lib.unit_rows(run.spec.mesh, ROWS)

@@ -2,7 +2,9 @@
 what evaluation restores a checkpoint into (below both, as `tts.loading` is for the
 synthesizer).
 
-One `nnx.Module`, `Vocoder`, holds HiFi-GAN's generator and discriminators, so the run's
+One `nnx.Module`, `Vocoder`, holds the generator (HiFi-GAN's or Vocos's, by
+config.vocoder.generator; a run saved before that key existed is HiFi-GAN's) and HiFi-GAN's
+discriminators, so the run's
 parameters are one tree {"generator": ..., "discriminator": ...} (the trainer's state
 and checkpoints keep each model under its own key); its `model_vars` are the front end's
 settings the generator was trained on (`front_end_vars`: constants that travel in every
@@ -20,12 +22,12 @@ from jax.sharding import Mesh
 from ml_collections import ConfigDict
 
 from jaxspeech.audio.features import LogMelConfig
-from jaxspeech.config import build
+from jaxspeech.config import build, defaults
 from jaxspeech.models import DTYPES
 from jaxspeech.runs import checkpoint as ckpt_lib
 from jaxspeech.runs import loading
 from jaxspeech.vocoder.discriminators import DEMO_DISCRIMINATOR, HiFiGANDiscriminator
-from jaxspeech.vocoder.hifigan import HiFiGANGenerator
+from jaxspeech.vocoder.generator import GENERATORS
 
 RESBLOCK_KERNELS = (3, 7, 11)  # HiFi-GAN V1's; config.vocoder.resblocks takes the first k
 # config.vocoder.discriminator -> HiFiGANDiscriminator's arguments (config.validate's
@@ -46,24 +48,40 @@ FRONT_END_MATCH = (*FRONT_END_KEYS, "n_fft", "win_length", "fmin", "fmax", "log_
 
 
 class Vocoder(nnx.Module):
-    """HiFi-GAN's generator and discriminators side by side (one parameter tree)."""
+    """A generator (`GENERATORS[kind]`) and HiFi-GAN's discriminators side by side (one
+    parameter tree)."""
 
-    def __init__(self, generator: dict, discriminator: dict, *, rngs: nnx.Rngs):
-        self.generator = HiFiGANGenerator(**generator, rngs=rngs)
+    def __init__(self, kind: str, generator: dict, discriminator: dict, *, rngs: nnx.Rngs):
+        self.generator = GENERATORS[kind](**generator, rngs=rngs)
         self.discriminator = HiFiGANDiscriminator(**discriminator, rngs=rngs)
 
 
+def generator_kind(config: ConfigDict) -> str:
+    """config.vocoder.generator: "hifigan" for a run saved before the key existed."""
+    return str(defaults.lookup(config, "vocoder.generator"))
+
+
 def generator_arguments(config: ConfigDict) -> dict:
-    """HiFiGANGenerator's keyword arguments from config.vocoder, the front end's mel bins
-    and vocoder.dtype (upsampling 5 x 4 x 4 x 2: a hop of 160)."""
+    """The generator's keyword arguments (`generator_kind`'s class) from config.vocoder,
+    the front end's mel bins and vocoder.dtype. HiFi-GAN upsamples 5 x 4 x 4 x 2 (a hop
+    of 160); Vocos's inverse STFT takes the features' hop (n_fft 4 x hop)."""
     v = config.vocoder
-    k = int(v.resblocks)
-    return {
+    common = {
         "n_mels": int(config.features.num_mel_bins),
+        "dtype": DTYPES[build.compute_dtype(config)],
+    }
+    if generator_kind(config) == "vocos":
+        return common | {
+            "dim": int(v.vocos_dim),
+            "intermediate_dim": int(v.vocos_intermediate_dim),
+            "layers": int(v.vocos_layers),
+            "hop": int(config.features.hop_length),
+        }
+    k = int(v.resblocks)
+    return common | {
         "channels": int(v.generator_channels),
         "resblock_kernels": RESBLOCK_KERNELS[:k],
         "resblock_dilations": ((1, 3, 5),) * k,
-        "dtype": DTYPES[build.compute_dtype(config)],
     }
 
 
@@ -75,6 +93,7 @@ def discriminator_arguments(config: ConfigDict) -> dict:
 
 def make_vocoder(config: ConfigDict, seed: int) -> Vocoder:
     return Vocoder(
+        generator_kind(config),
         generator_arguments(config),
         discriminator_arguments(config),
         rngs=nnx.Rngs(params=seed),
@@ -143,9 +162,8 @@ def load_vocoder_run(
 
 def generator_graphdef(config: ConfigDict):
     """The generator's graph alone (to merge with params["generator"] for inference)."""
-    abstract = nnx.eval_shape(
-        lambda: HiFiGANGenerator(**generator_arguments(config), rngs=nnx.Rngs(0))
-    )
+    make = GENERATORS[generator_kind(config)]
+    abstract = nnx.eval_shape(lambda: make(**generator_arguments(config), rngs=nnx.Rngs(0)))
     return nnx.split(abstract, nnx.Param)[0]
 
 

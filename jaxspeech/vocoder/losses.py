@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
 from jaxspeech.audio import features
 from jaxspeech.audio.features import LogMelConfig
 from jaxspeech.parallel.rules import map_batch_shards
 from jaxspeech.vocoder.discriminators import Features, HiFiGANDiscriminator
-from jaxspeech.vocoder.hifigan import HiFiGANGenerator, vocode
+from jaxspeech.vocoder.hifigan import vocode
 
 FRONT_END = LogMelConfig()  # the recognizer's default features, which FastSpeech2 predicts
 
@@ -69,9 +70,7 @@ def make_batch(
     return {"audio": audio, "audio_len": audio_len_b, "mel": mel}
 
 
-def generate(
-    generator: HiFiGANGenerator, batch: dict[str, jax.Array], cfg: LogMelConfig
-) -> jax.Array:
+def generate(generator: nnx.Module, batch: dict[str, jax.Array], cfg: LogMelConfig) -> jax.Array:
     """The generator's (B, S) waveform for the batch's mel, zeroed past each "audio_len"."""
     if generator.hop != cfg.hop_length:
         raise ValueError(
@@ -155,7 +154,7 @@ def _judge(
 
 
 def generator_loss(
-    generator: HiFiGANGenerator,
+    generator: nnx.Module,
     disc: HiFiGANDiscriminator,
     batch: dict[str, jax.Array],
     cfg: LogMelConfig = FRONT_END,

@@ -1,4 +1,4 @@
-"""HiFi-GAN's training step and evaluation function (`config.task = "vocoder"`).
+"""The vocoder's training step and evaluation function (`config.task = "vocoder"`).
 
 The batch (`jaxspeech.vocoder.batch`) holds waveforms; on the device each becomes a
 vocoder batch (`vocoder.losses.make_batch`): the audio zero-padded to T * hop samples
@@ -10,11 +10,19 @@ One step, as HiFi-GAN's: the discriminators' update on the generator's current o
 (least squares adversarial + feature matching + mel L1, `config.vocoder`'s weights). Each
 model has its own AdamW (`make_optimizers`) and its own guarded update: a non-finite loss
 or gradient of either model leaves that model and its optimizer state as they were.
-HiFi-GAN uses no dropout: the step draws no random numbers.
+Neither generator uses dropout: the step draws no random numbers.
+
+Before step `vocoder.adversarial_start` the generator learns from the mel L1 alone and the
+discriminators rest (ParallelWaveGAN's discriminator_train_start_steps): a step then
+costs the generator's pass only. For Vocos that is 75 ms for 4 segments against 4.7 s with
+the demo's discriminators (the loaded 2-core VM), so a few CPU minutes buy thousands of
+steps of the reconstruction loss before the adversarial ones refine it. Both branches are
+compiled (one `lax.cond` on the step), one runs; with no warm-up (0) there is no branch.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import jax
@@ -57,13 +65,16 @@ def loss_weights(config: ConfigDict) -> dict[str, float]:
     }
 
 
-def make_vocoder_step(graphdef, txs: dict, cfg: LogMelConfig, weights: dict) -> Callable:
+def make_vocoder_step(
+    graphdef, txs: dict, cfg: LogMelConfig, weights: dict, adversarial_start: int = 0
+) -> Callable:
     """(state, batch) -> (state + 1 step, metrics): the discriminators' update, then the
-    generator's (see the module docstring). state.params / opt_state: {"generator",
-    "discriminator"}. Metrics: the generator's objective as "loss" (its parts as
-    "loss_mel", "loss_adversarial", "loss_feature", unweighted), the discriminators' as
-    "loss_disc" ("loss_disc_real", "loss_disc_fake"), each model's gradient norm, and
-    the shared counts of `update.step_metrics`."""
+    generator's; before step `adversarial_start` the generator's on the mel L1 alone (see
+    the module docstring). state.params / opt_state: {"generator", "discriminator"}.
+    Metrics: the generator's objective as "loss" (its parts as "loss_mel",
+    "loss_adversarial", "loss_feature", unweighted), the discriminators' as "loss_disc"
+    ("loss_disc_real", "loss_disc_fake"; 0 while they rest), each model's gradient norm,
+    and the shared counts of `update.step_metrics`."""
 
     def merged(gen_params, disc_params):
         model = nnx.merge(graphdef, {"generator": gen_params, "discriminator": disc_params})
@@ -78,17 +89,33 @@ def make_vocoder_step(graphdef, txs: dict, cfg: LogMelConfig, weights: dict) -> 
         gen, disc = merged(gen_params, disc_params)
         return vl.generator_loss(gen, disc, batch, cfg, **weights)
 
-    def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
-        vb = vl.make_batch(batch["audio"], batch["audio_len"], cfg)
-        p, o = state.params, state.opt_state
+    def mel_objective(gen_params, disc_params, batch):  # the warm-up's: no discriminator
+        gen, disc = merged(gen_params, disc_params)
+        mel_only = weights | {"adversarial_weight": 0.0, "feature_weight": 0.0}
+        return vl.generator_loss(gen, disc, batch, cfg, **mel_only)
+
+    def disc_update(p, o, vb):
         (d_loss, d_parts), d_grads = jax.value_and_grad(disc_objective, has_aux=True)(
             p["discriminator"], p["generator"], vb
         )
         d_params, d_opt, d_finite, d_norm = guarded_update(
             txs["discriminator"], d_grads, d_loss, p["discriminator"], o["discriminator"]
         )
-        (g_loss, g_parts), g_grads = jax.value_and_grad(gen_objective, has_aux=True)(
-            p["generator"], d_params, vb
+        return d_params, d_opt, d_finite, d_norm, d_loss, d_parts
+
+    def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
+        vb = vl.make_batch(batch["audio"], batch["audio_len"], cfg)
+        p, o = state.params, state.opt_state
+        branch = functools.partial(warm_up_branch, adversarial_start, state.step)
+        d_params, d_opt, d_finite, d_norm, d_loss, d_parts = branch(
+            disc_update, resting(disc_update), p, o, vb
+        )
+        (g_loss, g_parts), g_grads = branch(
+            jax.value_and_grad(gen_objective, has_aux=True),
+            jax.value_and_grad(mel_objective, has_aux=True),
+            p["generator"],
+            d_params,
+            vb,
         )
         g_params, g_opt, g_finite, g_norm = guarded_update(
             txs["generator"], g_grads, g_loss, p["generator"], o["generator"]
@@ -115,6 +142,27 @@ def make_vocoder_step(graphdef, txs: dict, cfg: LogMelConfig, weights: dict) -> 
         return new, metrics
 
     return train_step
+
+
+def warm_up_branch(start: int, step: jax.Array, adversarial_fn, warm_up_fn, *args):
+    """adversarial_fn(*args) from step `start` on, warm_up_fn(*args) before it: one
+    `lax.cond` (both compiled, one runs); no branch at all when `start` <= 0."""
+    if start <= 0:  # no warm-up: HiFi-GAN's step, unbranched
+        return adversarial_fn(*args)
+    return jax.lax.cond(step >= start, adversarial_fn, warm_up_fn, *args)
+
+
+def resting(disc_update: Callable) -> Callable:
+    """The warm-up's stand-in for `disc_update` ((params, opt_state, batch) -> (its params,
+    opt_state, finite, norm, loss, parts)): the discriminators and their optimizer state
+    unchanged, finite, zero norm and losses (shaped as `disc_update`'s)."""
+
+    def rest(p, o, vb):
+        shapes = jax.eval_shape(disc_update, p, o, vb)[3:]
+        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+        return p["discriminator"], o["discriminator"], jnp.bool_(True), *zeros
+
+    return rest
 
 
 def make_eval_fn(gen_graphdef, cfg: LogMelConfig) -> Callable:

@@ -1,6 +1,8 @@
-"""The neural vocoder as a task of the one trainer (`jaxspeech.training.task`): HiFi-GAN
-(`jaxspeech.vocoder.hifigan`, `hifigan_discriminators`) learns to turn the run's front-end
-log-mel (`config.features`: the recognizer's, which FastSpeech2 predicts) back into audio.
+"""The neural vocoder as a task of the one trainer (`jaxspeech.training.task`): a generator
+(HiFi-GAN's, `jaxspeech.vocoder.hifigan`, or Vocos's, `jaxspeech.vocoder.vocos`, by
+config.vocoder.generator) against HiFi-GAN's discriminators (`vocoder.discriminators`)
+learns to turn the run's front-end log-mel (`config.features`: the recognizer's, which
+FastSpeech2 predicts) back into audio.
 
 - assets: none (any prepared split serves; the front end is the config's, and its
   settings travel in every checkpoint as the model_vars, `vocoder.loading`);
@@ -13,7 +15,7 @@ log-mel (`config.features`: the recognizer's, which FastSpeech2 predicts) back i
 - evaluation and samples: `jaxspeech.vocoder.training_eval`; checkpoints rank by the
   first eval split's log-mel L1 ("eval_mel_l1", lower is better).
 Unsupported settings (gradient accumulation, sync strategies other than all-reduce,
-pipeline stages, another hop than the generator's 160) are refused by
+pipeline stages, another hop than HiFi-GAN's 160) are refused by
 `config.validate` before any work.
 """
 
@@ -55,7 +57,7 @@ BEST_METRIC = "eval_mel_l1"
 
 
 class VocoderTask:
-    """HiFi-GAN of config.vocoder (see the module docstring)."""
+    """The vocoder of config.vocoder (see the module docstring)."""
 
     name = "vocoder"
     best_metric_name = BEST_METRIC
@@ -137,16 +139,28 @@ class VocoderTask:
 
     def describe_model(self, setup: state_lib.TrainSetup) -> str:
         v, p = self.config.vocoder, setup.spec.params
+        if vocoder_loading.generator_kind(self.config) == "vocos":
+            n_fft = 4 * int(self.config.features.hop_length)
+            generator = (
+                f"Vocos generator ({vocoder_loading.num_params(p['generator']):,} parameters, "
+                f"{v.vocos_layers} ConvNeXt blocks of {v.vocos_dim} channels, inner "
+                f"{v.vocos_intermediate_dim}, inverse STFT n_fft {n_fft})"
+            )
+        else:
+            generator = (
+                f"HiFi-GAN generator ({vocoder_loading.num_params(p['generator']):,} "
+                f"parameters, {v.generator_channels} channels, {v.resblocks} residual blocks "
+                "per stage, upsampling 5x4x4x2)"
+            )
         return (
-            f"model: HiFi-GAN generator ({vocoder_loading.num_params(p['generator']):,} "
-            f"parameters, {v.generator_channels} channels, {v.resblocks} residual blocks per "
-            f"stage, upsampling 5x4x4x2) and {v.discriminator} discriminators "
+            f"model: {generator} and {v.discriminator} discriminators "
             f"({vocoder_loading.num_params(p['discriminator']):,} parameters), "
             f"{build.compute_dtype(self.config)} compute, float32 parameters"
         )
 
     def train_step(self, setup: state_lib.TrainSetup) -> step_lib.StepFn:
-        return make_vocoder_step(setup.spec.graphdef, setup.tx, self.cfg, loss_weights(self.config))
+        weights, start = loss_weights(self.config), int(self.config.vocoder.adversarial_start)
+        return make_vocoder_step(setup.spec.graphdef, setup.tx, self.cfg, weights, start)
 
     def batch_shardings(self) -> dict:
         return {k: mesh_lib.batch_sharding(self.mesh, nd) for k, nd in VOCODER_BATCH_RANKS.items()}
@@ -227,7 +241,7 @@ def describe_result(result: dict, step: int) -> str:
             return "n/a" if x is None else f"{x:.2f}"
 
         compared = (
-            f"on {r['compared_utterances']} of them: HiFi-GAN mel L1 "
+            f"on {r['compared_utterances']} of them: the vocoder's mel L1 "
             f"{show(r['mel_l1_compared'])}, MCD-DTW {show(r['mcd_dtw_db'])} dB; "
             f"Griffin-Lim mel L1 {show(r['griffin_lim_mel_l1'])}, MCD-DTW "
             f"{show(r['griffin_lim_mcd_dtw_db'])} dB"

@@ -55,7 +55,7 @@ def _updates(tx: optax.GradientTransformation, steps: int = 3) -> tuple[list, ob
     return out, jax.tree.structure(state)
 
 
-@pytest.mark.parametrize("variant,lr", [(None, 1e-3), ("tiny", 2e-3)])
+@pytest.mark.parametrize("variant,lr", [(None, 1e-3), ("vocos", 2e-3), ("tiny", 2e-3)])
 def test_the_vocoders_optimizers_are_hifigans_adamw_as_before(variant, lr):
     """configs/vocoder.py's optim and optim2 build what the flat layout's
     vocoder.learning_rate / b1 / b2 / weight_decay / lr_decay / lr_decay_steps built:

@@ -1,5 +1,5 @@
 """The demo's natural-text test splits: the text normalizer, the stored sentences, and the
-synthesized clean and noisy splits (data_prep/demo/normalize.py, make_texts.py,
+synthesized clean and noisy splits (jaxspeech/tts/text/normalize.py, make_texts.py,
 natural.py)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 import soundfile as sf
 
 from data_prep.demo import make_texts, natural, synth
-from data_prep.demo.normalize import normalize, spell_int, spell_ordinal, spell_year
+from jaxspeech.tts.text.normalize import normalize, spell_int, spell_ordinal, spell_year
 
 # Hand-checked readings (not computed by the code under test).
 CARDINALS = {

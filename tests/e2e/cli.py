@@ -10,8 +10,15 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The tests' programs are tiny and run a few steps: compiling them is most of their cost,
 # and LLVM's optimization passes most of the compilation (they nearly halve the suite's
-# CPU time). The results are the same programs' results to float rounding.
-QUICK_COMPILE_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+# CPU time). The results are the same programs' results to float rounding. XLA's CPU
+# fusion emitters (MLIR-based, jaxlib's default) compile a program about twice as slowly
+# as its older loop emitters at this optimization level (a tiny train step: 18 -> 8 s of
+# compilation; the 8-device GTC step: 38 -> 15 s; a 2-core CPU VM): the tests use the
+# loop emitters.
+QUICK_COMPILE_FLAGS = (
+    "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+    " --xla_cpu_use_fusion_emitters=false"
+)
 
 
 CACHE_ENV = "JAXSPEECH_TEST_JIT_CACHE"

@@ -21,7 +21,7 @@ def scorer() -> mos.Dnsmos:
 def speech() -> tuple[np.ndarray, int]:
     """A 2.6 s sentence of espeak-ng (the demo corpus's voice) at its own 22,050 Hz: float
     in [-1, 1] as a WAV reader returns it."""
-    from data_prep.demo import espeak
+    from jaxspeech.tts.text import espeak
 
     tts = espeak.Espeak.get()
     tts.set_voice("en-us")

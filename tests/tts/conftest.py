@@ -39,7 +39,7 @@ def tts_tiny_run(tts_corpus, tmp_path_factory) -> tuple[Path, str]:
 
 @pytest.fixture(scope="session")
 def vocoder_tiny_run(tts_corpus, tmp_path_factory) -> tuple[Path, str]:
-    """One finished run of configs/vocoder.py:tiny (HiFi-GAN, config.task=vocoder) on the
+    """One finished run of configs/vocoder.py:tiny (Vocos, config.task=vocoder) on the
     tiny corpus, evaluated on dev. Returns (run, console output)."""
 
     def build(where: Path) -> str:

@@ -20,13 +20,14 @@ import pytest
 import soundfile as sf
 from absl import flags
 
-from data_prep.demo import espeak, synth
+from data_prep.demo import synth
 from jaxspeech import synthesize
 from jaxspeech.common import cli
 from jaxspeech.common.errors import UserError
 from jaxspeech.tts import artifact as tts_artifact
 from jaxspeech.tts import frontend, synthesis
 from jaxspeech.tts.batch import PhonemeTable
+from jaxspeech.tts.text import espeak
 
 SR, HOP = 16000, 160
 SENTENCE = "_ a m i s u _"
@@ -81,7 +82,7 @@ def test_the_command_writes_a_wav_of_a_sentence(tts_tiny_run, tmp_path, capsys):
 
 
 def test_the_vocoder_run_and_the_artifact(synthesizer, vocoder_tiny_run, tmp_path):
-    """HiFi-GAN (the vocoder run) speaks the same frames as Griffin-Lim, other samples;
+    """The tiny vocoder run speaks the same frames as Griffin-Lim, other samples;
     the exported artifact (StableHLO) speaks as the run."""
     griffin = speak(synthesizer, tmp_path / "gl.wav")
     neural_synth = synthesis.with_vocoder_run(synthesizer, str(vocoder_tiny_run[0]))

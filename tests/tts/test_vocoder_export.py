@@ -1,12 +1,14 @@
 """`python -m jaxspeech.export` on a vocoder's run (jaxspeech/vocoder/artifact.py) on
-the session's tiny vocoder run (tests/tts/conftest.py; read, never changed): the StableHLO
-and ONNX artifacts against the generator in process at two (B, T) (symbolic batch and
-frames), the manifest, the synthesizer's export with --vocoder_workdir (both functions in
+the session's tiny vocoder run (tests/tts/conftest.py, a Vocos; read, never changed): the
+StableHLO and ONNX artifacts against the generator in process at two (B, T) (symbolic batch
+and frames), the same for a HiFi-GAN generator (the run's config switched, random
+parameters), the manifest, the synthesizer's export with --vocoder_workdir (both functions in
 one directory, its "vocoder" filled, another front end refused in one line), and the
 recognizer's flags refused in one line."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jax
@@ -20,8 +22,8 @@ from jaxspeech.parallel import rules
 from jaxspeech.serving import artifact_dir, staging
 from jaxspeech.tts import artifact as tts_export
 from jaxspeech.vocoder import artifact as vocoder_export
-from jaxspeech.vocoder.hifigan import vocode
-from jaxspeech.vocoder.loading import FRONT_END_MATCH, generator_graphdef
+from jaxspeech.vocoder.hifigan import HiFiGANGenerator, vocode
+from jaxspeech.vocoder.loading import FRONT_END_MATCH, generator_arguments, generator_graphdef
 from tests.conftest import onnx_converter
 from tests.e2e.cli import run_module
 
@@ -77,7 +79,8 @@ def test_manifest(stablehlo_artifact, loaded, vocoder_tiny_run):
     assert manifest["n_mels"] == 80 and "raw, not normalized" in manifest["input"]["units"]
     assert set(FRONT_END_MATCH) < set(manifest["front_end"])
     assert manifest["front_end"]["log_floor"] == run.config.features.log_floor
-    assert manifest["generator"]["arguments"]["channels"] == 16  # configs/vocoder.py:tiny
+    assert manifest["generator"]["kind"] == "vocos"
+    assert manifest["generator"]["arguments"]["dim"] == 16  # configs/vocoder.py:tiny
     fn = manifest["functions"]["vocoder"]
     assert [i["name"] for i in fn["inputs"]] == ["log_mel", "frame_mask"]
     assert [i["shape"] for i in fn["inputs"]] == [["b", "t", "80"], ["b", "t"]]
@@ -122,6 +125,39 @@ def test_onnx_matches_the_generator(vocoder_tiny_run, loaded, tmp_path):
         print(f"onnx (B, T) = ({b}, {t}): max |exported - in process| {diff:.3g}")
 
 
+@pytest.fixture(scope="module")
+def hifigan(loaded):
+    """The tiny run with a tiny HiFi-GAN generator (config switched, random parameters)
+    as `loaded`: (run, jitted generator)."""
+    run = loaded[0]
+    config = run.config.copy_and_resolve_references()
+    config.vocoder.generator, config.vocoder.generator_channels = "hifigan", 16
+    config.vocoder.resblocks = 1
+    generator = HiFiGANGenerator(**generator_arguments(config), rngs=nnx.Rngs(0))
+    params = nnx.to_pure_dict(nnx.state(generator, nnx.Param))
+    run = dataclasses.replace(run, config=config, params={"generator": params})
+    with rules.axis_rules(build.rules_from_config(config)):
+        graphdef = generator_graphdef(config)
+    return run, jax.jit(lambda gp, mel, mask: vocode(nnx.merge(graphdef, gp), mel, mask))
+
+
+def test_hifigan_exports_too(hifigan, tmp_path):
+    """StableHLO and ONNX (in process, `artifact.export_functions`) of a HiFi-GAN
+    generator equal it; the staged description names its class."""
+    run, _ = hifigan
+    for fmt in ("stablehlo", "onnx"):
+        python = onnx_converter() if fmt == "onnx" else None
+        out = tmp_path / fmt
+        out.mkdir()
+        functions = vocoder_export.export_functions(run, fmt, str(out), python)
+        feeds = vocoder_export.check_inputs(80, 2, 7)
+        if fmt == "onnx":  # export_onnx compared it with JAX on these feeds already
+            assert functions["vocoder"]["max_abs_diff_vs_jax"] <= ATOL["onnx"]
+            continue
+        exp = jax.export.deserialize((out / "vocoder.stablehlo").read_bytes())
+        check_against_reference(exp.call(*feeds.values()), hifigan, feeds, ATOL["stablehlo"])
+
+
 def test_with_a_synthesizer(tts_tiny_run, vocoder_tiny_run, loaded, tmp_path):
     """`--vocoder_workdir`: both functions in one directory, the acoustic manifest's
     "vocoder" filled; the acoustic model's log_mel and frame_mask feed the vocoder as
@@ -143,7 +179,7 @@ def test_with_a_synthesizer(tts_tiny_run, vocoder_tiny_run, loaded, tmp_path):
     from jaxspeech.vocoder.inference import NeuralVocoder
 
     synth = synthesis.from_artifact(str(out))
-    assert synth.vocoder_name == "hifigan"
+    assert synth.vocoder_name == "vocos"  # the manifest's kind (configs/vocoder.py:tiny)
     sentence = [synthesis.Sentence(1, "_ a m _", "_ a m _", ["_", "a", "m", "_"])]
     mels = synthesis.spoken_mels(synth, sentence, 0, 1.0)
     (audio,) = synthesis.vocoded(synth, mels, "auto")

@@ -1,5 +1,5 @@
 """Phoneme events of the espeak-ng wrapper and their timing in the demo's rendered audio
-(data_prep/demo/espeak.py, phonemes.py, synth.render)."""
+(jaxspeech/tts/text/espeak.py, phonemes.py, data_prep/demo/synth.render)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ import sys
 import numpy as np
 import pytest
 
-from data_prep.demo import espeak, phonemes, synth
-from data_prep.demo.phonemes import SILENCE
+from data_prep.demo import synth
+from jaxspeech.tts.text import espeak, phonemes
+from jaxspeech.tts.text.phonemes import SILENCE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
 
@@ -65,7 +66,7 @@ def test_phoneme_events_timing_fields(monkeypatch):
 
 _SCRIPT = """
 import hashlib, json, sys
-from data_prep.demo import espeak
+from jaxspeech.tts.text import espeak
 mode = sys.argv[1]
 if mode == "off":  # the library as it was before phoneme events: initialized without them
     espeak._INITIALIZE_PHONEME_EVENTS = 0

@@ -10,7 +10,7 @@ import pytest
 import soundfile as sf
 
 from data_prep.demo import corpus_dir, make_texts, sentences, synth
-from data_prep.demo.espeak import Espeak, EspeakError
+from jaxspeech.tts.text.espeak import Espeak, EspeakError
 
 TINY_HOURS = "0.02"  # ~30 utterances: every speaker once, a few seconds of synthesis
 TINY_TTS = 10  # tts_heldout utterances: two render chunks of the fixture's CHUNK_SIZE 8
