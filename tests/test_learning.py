@@ -139,7 +139,13 @@ def test_the_transducer_reaches_the_encoder_only_after_its_warm_up():
     config = _config("ctc+rnnt")
     config.loss.ctc_weight = 1.0  # the CTC part's gradient is then the CTC-only gradient
     (full, ctc), (later, ctc_later) = _encoder_grads(config, (0, config.loss.rnnt_warmup_steps))
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-9), full, ctc)
+
+    # Equal to float32 rounding: the transducer's zero contribution still changes the order
+    # of the sums (with XLA's loop emitters up to 1.6e-7 of a leaf's largest gradient apart).
+    def same(a, b):
+        np.testing.assert_allclose(a, b, rtol=0, atol=2e-6 * float(np.max(np.abs(b))))
+
+    jax.tree.map(same, full, ctc)
     assert _max_diff(later, ctc_later) > 1e-4
     config.loss.rnnt_encoder_warmup = False
     [(off, ctc_off)] = _encoder_grads(config, (0,))
