@@ -31,6 +31,10 @@ from benchmarks.lib.run_record import (
 
 RUN_TIMEOUT_S = 900.0  # one trainer process; tiny takes about a minute
 
+# The trainer's XLA flags: none (full optimization), as users run it. The suite's chaos
+# test sets the tests' quick-compile flags (tests/e2e/cli.py): the equality it checks
+# is between runs of one setting, and compiling at full optimization cost it ~1 minute.
+XLA_FLAGS = ""
 POLL_S = 0.01  # how often the driver reads RUN/events.jsonl while a run is alive
 
 
@@ -60,8 +64,9 @@ def train_command(
 
 
 def trainer_env() -> dict:
-    """The trainer's environment: one CPU device, as users run it, and unbuffered output."""
-    return dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="", PYTHONUNBUFFERED="1")
+    """The trainer's environment: one CPU device, as users run it, `XLA_FLAGS`, and
+    unbuffered output."""
+    return dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=XLA_FLAGS, PYTHONUNBUFFERED="1")
 
 
 def run_trainer(

@@ -55,7 +55,7 @@ def _updates(tx: optax.GradientTransformation, steps: int = 3) -> tuple[list, ob
     return out, jax.tree.structure(state)
 
 
-@pytest.mark.parametrize("variant,lr", [(None, 1e-3), ("vocos", 2e-3), ("tiny", 2e-3)])
+@pytest.mark.parametrize("variant,lr", [("hifigan", 1e-3), ("tiny", 2e-3)])
 def test_the_vocoders_optimizers_are_hifigans_adamw_as_before(variant, lr):
     """configs/vocoder.py's optim and optim2 build what the flat layout's
     vocoder.learning_rate / b1 / b2 / weight_decay / lr_decay / lr_decay_steps built:
@@ -72,6 +72,21 @@ def test_the_vocoders_optimizers_are_hifigans_adamw_as_before(variant, lr):
             jax.tree.map(np.testing.assert_array_equal, a, b)
     for step in (0, 1, 819, 820, 5000):
         assert got_schedule(step) == schedule(step)
+
+
+def test_the_demo_vocos_generator_learns_on_a_cosine_from_its_peak():
+    """configs/vocoder.py's default (Vocos): the generator's AdamW from 4e-3 at step 0 (no
+    warm-up) down a cosine to 2% at the last step; the resting discriminators keep the
+    HiFi-GAN optimizer of the flat layout."""
+    txs, schedule = make_optimizers(vocoder.get_config())
+    want = optax.cosine_decay_schedule(4e-3, 2000, alpha=0.02)
+    for step in (0, 1, 1000, 1999, 2000):
+        assert float(schedule(step)) == pytest.approx(float(want(step)), rel=1e-6)
+    reference = optax.adamw(optax.exponential_decay(1e-3, 820, 0.999), b1=0.8, b2=0.99,
+                            weight_decay=0.01)  # fmt: skip
+    (want_d, _), (got_d, _) = _updates(reference), _updates(txs["discriminator"])
+    for a, b in zip(got_d, want_d, strict=True):
+        jax.tree.map(np.testing.assert_array_equal, a, b)
 
 
 def test_the_recognizers_optimizer_is_unchanged():
@@ -111,8 +126,9 @@ def test_exponential_decay_with_warmup_and_its_mistakes():
 def _flat_layout_vocoder() -> tuple[dict, dict]:
     """(configs/vocoder.py as a run saved before the split wrote it, in config.json: every
     task's sections, the optimizer in config.vocoder, a bfloat16 model.dtype; the same
-    run in today's layout)."""
-    today = vocoder.get_config().to_dict()
+    run in today's layout). The HiFi-GAN variant: the flat layout's optimizer had no
+    schedule but the exponential decay."""
+    today = vocoder.get_config("hifigan").to_dict()
     today["vocoder"]["dtype"] = "bfloat16"
     asr = defaults.get_config("asr").to_dict()
     old = {k: v for k, v in today.items() if k != "optim2"}

@@ -9,9 +9,9 @@ import os
 
 import pytest
 
-from benchmarks.lib import disruptions
+from benchmarks.lib import disruptions, trainer_process
 from jaxspeech.runs import events as run_events
-from tests.e2e.cli import session_overrides
+from tests.e2e.cli import QUICK_COMPILE_FLAGS, session_overrides
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _spec = importlib.util.spec_from_file_location(
@@ -31,8 +31,9 @@ def _around(events: list[dict], step: int) -> list[dict]:
     return [x for x in events[events.index(saved) : i + 1] if x.get("step") == step]
 
 
-def test_quick_chaos_resumes_exactly(corpus, tmp_path):
+def test_quick_chaos_resumes_exactly(corpus, tmp_path, monkeypatch):
     _, shards = corpus
+    monkeypatch.setattr(trainer_process, "XLA_FLAGS", QUICK_COMPILE_FLAGS)
     out = tmp_path / "chaos.json"
     r = bench.run_chaos(
         steps=bench.QUICK["steps"],
