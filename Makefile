@@ -28,9 +28,9 @@ NATURAL_SPLITS := test_natural_clean test_natural_noisy
 # slower), 32 for a CTC variant (DEMO_CONFIG=configs/demo.py:ctc).
 DEMO_LM_BEAM ?= 8
 # The text-to-speech demo: FastSpeech2 (configs/tts.py) on the demo corpus's phonemes and
-# a HiFi-GAN vocoder (configs/vocoder.py) on its audio, evaluated on its tts_heldout split
-# with the recognizer of DEMO_RUN, vocoded by Griffin-Lim and by the HiFi-GAN;
-# DEMO_VOCODER_CONFIG=configs/vocoder.py:vocos trains the Vocos vocoder instead.
+# a Vocos vocoder (configs/vocoder.py) on its audio, evaluated on its tts_heldout split
+# with the recognizer of DEMO_RUN, vocoded by Griffin-Lim and by the Vocos;
+# DEMO_VOCODER_CONFIG=configs/vocoder.py:hifigan trains the HiFi-GAN vocoder instead.
 DEMO_TTS_RUN := runs/demo-tts
 DEMO_TTS_CONFIG ?= configs/tts.py
 DEMO_VOCODER_RUN := runs/demo-vocoder

@@ -12,7 +12,7 @@ Variants (`--config configs/vocoder.py:NAME`):
   (default) Vocos (jaxspeech/vocoder/vocos.py: ConvNeXt at the frame rate, magnitude and
             phase, inverse STFT; vocos.DEMO_GENERATOR's 0.76 M parameters), 2,000 steps of
             8 segments of the mel L1 alone (the generator's pass only) at 4e-3 on a cosine:
-            3 minutes on a quiet machine. Through the synthesizer on tts_heldout it is
+            3.5 minutes on the 2-core VM. Through the synthesizer on tts_heldout it is
             measured beside Griffin-Lim in docs/results/tts.md. The discriminators are built
             and rest: `--config.train.num_steps` past 2,000 trains adversarially from there.
   hifigan   HiFi-GAN's demo (hifigan.DEMO_GENERATOR, 0.23 M parameters) and the small
@@ -64,13 +64,14 @@ def get_config(arg: str | None = None) -> ConfigDict:
         # Vocos (jaxspeech/vocoder/vocos.py): ConvNeXt at the frame rate and an inverse
         # STFT, 0.76 M parameters. A step of the mel L1 alone takes 70 ms for 8 segments
         # on a quiet 2-core VM; one with the demo discriminators took 4.7 s for 4 (loaded),
-        # so the demo's 3 minutes are all of the mel L1 (vocoder.adversarial_start = the
-        # steps): 2,000 steps. Of the learning rates tried at 2,000 steps (2026-11-29,
-        # docs/results/tts.md), a cosine from 4e-3 fitted best: held-out log-mel L1 0.50,
-        # against 0.52 from 2e-3 or 8e-3 and 0.59 at a constant 2e-3 (HiFi-GAN's
-        # near-constant exponential decay). Adding a linear-STFT magnitude loss or a
-        # consistency loss on the predicted spectrum, or 16 segments a step for half the
-        # steps, did not fit better.
+        # so the demo's minutes are all of the mel L1 (vocoder.adversarial_start = the
+        # steps): 2,000 steps. A cosine from 4e-3 fitted better than 2e-3 on HiFi-GAN's
+        # near-constant exponential decay: tts_heldout log-mel L1 0.547 against 0.598, and
+        # through the synthesizer DNSMOS OVRL 2.92 against 2.87 (Griffin-Lim 2.89), CER
+        # 18.4% against 18.8% (Griffin-Lim 18.1%). 3,000 steps: 0.495, yet the same CER.
+        # 2e-3 or 8e-3 on the cosine, a linear-STFT magnitude loss, a consistency loss on
+        # the predicted spectrum or 16 segments a step fitted no better (2026-11-29,
+        # docs/results/tts.md, "Vocos").
         c.vocoder.generator = "vocos"
         c.vocoder.vocos_dim = 128  # vocos.DEMO_GENERATOR
         c.vocoder.vocos_intermediate_dim = 384

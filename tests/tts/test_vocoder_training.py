@@ -129,8 +129,8 @@ def test_a_vocoder_of_another_front_end_is_refused_in_one_line(vocoder_tiny_run)
     [
         ("tiny", "train.grad_accum", 2, "task=vocoder needs train.grad_accum=1"),
         ("tiny", "sync.strategy", "bmuf", "task=vocoder needs sync.strategy='allreduce'"),
-        (None, "features.hop_length", 256, "task=vocoder needs features.hop_length=160"),
-        (None, "vocoder.generator_channels", 40, "must be a multiple of 16"),
+        ("hifigan", "features.hop_length", 256, "task=vocoder needs features.hop_length=160"),
+        ("hifigan", "vocoder.generator_channels", 40, "must be a multiple of 16"),
         ("tiny", "vocoder.generator", "wavenet", "unknown generator 'wavenet'"),
     ],
 )
