@@ -44,6 +44,7 @@ from jaxspeech.training import step as step_lib
 from jaxspeech.training.task import EvalResult
 from jaxspeech.vocoder import batch as vocoder_batch
 from jaxspeech.vocoder import loading as vocoder_loading
+from jaxspeech.vocoder import vocos
 from jaxspeech.vocoder.objective import (
     MODELS,
     loss_weights,
@@ -140,7 +141,7 @@ class VocoderTask:
     def describe_model(self, setup: state_lib.TrainSetup) -> str:
         v, p = self.config.vocoder, setup.spec.params
         if vocoder_loading.generator_kind(self.config) == "vocos":
-            n_fft = 4 * int(self.config.features.hop_length)
+            n_fft = vocos.WINDOW_OVERLAP * int(self.config.features.hop_length)
             generator = (
                 f"Vocos generator ({vocoder_loading.num_params(p['generator']):,} parameters, "
                 f"{v.vocos_layers} ConvNeXt blocks of {v.vocos_dim} channels, inner "
