@@ -5,7 +5,9 @@ bad value is reported once, as its own range, and each mistake here is one line 
 both keys and the relation that must hold. What must hold comes from the code that would
 fail later: the loader's bucket shapes (`jaxspeech.data.pipeline`), the front end's STFT
 and MFCC (`jaxspeech.audio.features`, `jaxspeech.audio.mfcc`), the Conformer's subsampling
-(`jaxspeech.models.subsampling`) and the device mesh (`jaxspeech.parallel.mesh`).
+(`jaxspeech.models.subsampling`), the device mesh (`jaxspeech.parallel.mesh`) and its
+pipeline stages (`jaxspeech.parallel.pipeline`: layer stacks that split into the stages,
+a schedule the microbatches fill, all-reduce learners).
 """
 
 from __future__ import annotations
@@ -206,3 +208,58 @@ def rules_table(entries, report: Report) -> rules.Rules | None:
             report(f"mesh.rules.{name} must name each mesh axis once, got {value!r}")
             return None
     return table
+
+
+def pipeline_stages(c: ConfigDict, stages: int, circular: bool, report: Report) -> None:
+    """mesh.stage > 1 (pipeline.schedule circular when `circular`; the schedule's name is
+    `validate`'s choice): a scanned Conformer whose layers split into the stages (and
+    groups), a schedule the microbatches can fill, all-reduce learners."""
+    keys = ["pipeline.microbatches"] + (["pipeline.repeats"] if circular else [])
+    if not ranges.check(c, keys, report):
+        return
+    e = c.model.conformer
+    if c.model.encoder != "conformer" or not e.scan_layers:
+        report(
+            f"mesh.stage={stages} pipelines the Conformer's scanned layer stack: set "
+            "model.encoder=conformer and model.conformer.scan_layers=True"
+        )
+        return
+    repeats = int(c.pipeline.repeats) if circular else 1
+    groups = stages * repeats
+    if ranges.valid(c, "model.conformer.num_layers") and e.num_layers % groups:
+        what = f"{stages} stages x {repeats} groups" if circular else f"{stages} stages"
+        report(
+            f"model.conformer.num_layers={e.num_layers} does not split into {what}: it must "
+            f"be a multiple of {groups}"
+        )
+    if "aed" in str(c.model.head).split("+"):
+        _pipelined_decoder(c, stages, repeats, report)
+    if circular and c.pipeline.microbatches < stages:
+        report(
+            f"pipeline.schedule=circular needs pipeline.microbatches >= mesh.stage={stages} "
+            f"(a microbatch comes round only after the others entered), got "
+            f"{c.pipeline.microbatches}"
+        )
+    if c.sync.strategy != "allreduce":
+        report(
+            f"mesh.stage={stages} runs with sync.strategy=allreduce only (the other "
+            f"strategies' learners would each need the whole pipeline), got {c.sync.strategy}"
+        )
+
+
+def _pipelined_decoder(c: ConfigDict, stages: int, repeats: int, report: Report) -> None:
+    """mesh.stage > 1 with an attention decoder: its scanned layers split into the stages
+    (and groups) as the encoder's do."""
+    d = c.model.decoder
+    if not d.scan_layers:
+        report(
+            f"mesh.stage={stages} pipelines the attention decoder's layer stack too: set "
+            "model.decoder.scan_layers=True"
+        )
+    elif ranges.valid(c, "model.decoder.num_layers") and d.num_layers % (stages * repeats):
+        groups = stages * repeats
+        report(
+            f"model.decoder.num_layers={d.num_layers} does not split into {stages} stages"
+            + (f" x {repeats} groups" if repeats > 1 else "")
+            + f": it must be a multiple of {groups}"
+        )

@@ -88,7 +88,12 @@ CHOICES: dict[str, tuple] = {
 # The front end's keys that only features.kind = "mfcc" reads.
 MFCC_KEYS = ("features.num_ceps", "features.lifter", "features.deltas")
 # Keys naming a file that must exist when set ("" = none).
-FILES = ("waveform_aug.noise_manifest", "decoding.lm_path", "scoring.mapping_file")
+FILES = (
+    "waveform_aug.noise_manifest",
+    "decoding.lm_path",
+    "scoring.mapping_file",
+    "vocoder.gta_mels",
+)
 # waveform_aug's tuples of numbers (what each must be: WaveformAugmentConfig's check).
 _WAVEFORM_TUPLES = ("speeds", "snr_db", "noise_exponents", "rt60")
 
@@ -138,11 +143,8 @@ def decoding_mistakes(config: ConfigDict) -> list[str]:
 
 
 def split_names(text: str) -> list[str]:
-    """ "dev,test" -> ["dev", "test"]: data.eval_split's splits, in order.
-
-    Raises:
-      ValueError: an empty name or a split named twice.
-    """
+    """ "dev,test" -> ["dev", "test"]: data.eval_split's splits, in order; a ValueError
+    for an empty name or a split named twice."""
     splits = [s.strip() for s in str(text).split(",")]
     if not all(splits) or len(set(splits)) != len(splits):
         raise ValueError(f"splits must be distinct names separated by commas, got {text!r}")
@@ -471,6 +473,7 @@ def _vocoder(c: ConfigDict, report: Report) -> None:
     (log-mel only, no accumulation, all-reduce, no stages); its optimizers: `_train`."""
     for key in ("discriminator", "generator", "dtype"):
         _choice(c, f"vocoder.{key}", report)
+    _file(c, "vocoder.gta_mels", report)  # its contents: jaxspeech.vocoder.gta
     hifigan = c.vocoder.generator == "hifigan"
     if ranges.check(c, under("vocoder."), report) and hifigan and c.vocoder.generator_channels % 16:
         report(
@@ -527,61 +530,6 @@ def _sync_keys(c: ConfigDict) -> list[str]:
     return []
 
 
-def _pipeline(c: ConfigDict, stages: int, report: Report) -> None:
-    """mesh.stage > 1: a scanned Conformer whose layers split into the stages (and groups),
-    a schedule the microbatches can fill, all-reduce learners."""
-    circular = _choice(c, "pipeline.schedule", report) and c.pipeline.schedule == "circular"
-    keys = ["pipeline.microbatches"] + (["pipeline.repeats"] if circular else [])
-    if not ranges.check(c, keys, report):
-        return
-    e = c.model.conformer
-    if c.model.encoder != "conformer" or not e.scan_layers:
-        report(
-            f"mesh.stage={stages} pipelines the Conformer's scanned layer stack: set "
-            "model.encoder=conformer and model.conformer.scan_layers=True"
-        )
-        return
-    repeats = int(c.pipeline.repeats) if circular else 1
-    groups = stages * repeats
-    if ranges.valid(c, "model.conformer.num_layers") and e.num_layers % groups:
-        what = f"{stages} stages x {repeats} groups" if circular else f"{stages} stages"
-        report(
-            f"model.conformer.num_layers={e.num_layers} does not split into {what}: it must "
-            f"be a multiple of {groups}"
-        )
-    if "aed" in str(c.model.head).split("+"):
-        _pipelined_decoder(c, stages, repeats, report)
-    if circular and c.pipeline.microbatches < stages:
-        report(
-            f"pipeline.schedule=circular needs pipeline.microbatches >= mesh.stage={stages} "
-            f"(a microbatch comes round only after the others entered), got "
-            f"{c.pipeline.microbatches}"
-        )
-    if c.sync.strategy != "allreduce":
-        report(
-            f"mesh.stage={stages} runs with sync.strategy=allreduce only (the other "
-            f"strategies' learners would each need the whole pipeline), got {c.sync.strategy}"
-        )
-
-
-def _pipelined_decoder(c: ConfigDict, stages: int, repeats: int, report: Report) -> None:
-    """mesh.stage > 1 with an attention decoder: its scanned layers split into the stages
-    (and groups) as the encoder's do."""
-    d = c.model.decoder
-    if not d.scan_layers:
-        report(
-            f"mesh.stage={stages} pipelines the attention decoder's layer stack too: set "
-            "model.decoder.scan_layers=True"
-        )
-    elif ranges.valid(c, "model.decoder.num_layers") and d.num_layers % (stages * repeats):
-        groups = stages * repeats
-        report(
-            f"model.decoder.num_layers={d.num_layers} does not split into {stages} stages"
-            + (f" x {repeats} groups" if repeats > 1 else "")
-            + f": it must be a multiple of {groups}"
-        )
-
-
 def _mesh_and_sync(c: ConfigDict, entries, devices: int | None, report: Report) -> None:
     """Mesh sizes (filling `devices` when given), the rules table of `entries`
     (config.mesh.rules), and the sync strategy on that mesh with those rules."""
@@ -589,7 +537,8 @@ def _mesh_and_sync(c: ConfigDict, entries, devices: int | None, report: Report) 
     shape = relations.mesh_shape(c, devices, report)
     table = relations.rules_table(entries, report)
     if shape is not None and shape["stage"] > 1 and c.task == "asr":  # (else reported)
-        _pipeline(c, shape["stage"], report)
+        circular = _choice(c, "pipeline.schedule", report) and c.pipeline.schedule == "circular"
+        relations.pipeline_stages(c, shape["stage"], circular, report)
         if c.sync.strategy != "allreduce":
             return  # reported there, once
     if not ranges.check(c, _sync_keys(c), report) or shape is None or table is None:
