@@ -16,6 +16,11 @@ sentences or more. An unknown speaker, empty text, a character or phoneme the fr
 cannot give, or a sentence too long for the model's max_frames is one line, exit 2,
 before anything is written (`jaxspeech.tts.synthesis`). The last stdout line is JSON
 {"files", "manifest", "sentences", "seconds", "vocoder"}.
+
+`--gta_split SPLIT --output FILE.npz [--data DIR] [--gta_max_utterances N]` (with
+--workdir): instead of text, the run's teacher-forced log-mel of a prepared split, aligned
+frame for frame with its recordings, for a vocoder to learn from (`config.vocoder.gta_mels`;
+`jaxspeech.tts.gta`). The last stdout line is then the store's manifest as JSON.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import sys
 from absl import app, flags, logging
 
 from jaxspeech.common import cli
-from jaxspeech.tts import frontend, synthesis
+from jaxspeech.tts import frontend, gta, synthesis
 
 FLAGS = flags.FLAGS
 VOCODERS = ("auto", "griffin_lim")
@@ -82,6 +87,19 @@ def define_flags(fv: flags.FlagValues = FLAGS) -> None:
         **define,
     )
     flags.DEFINE_bool("progress", True, "A progress line on stderr for many sentences.", **define)
+    flags.DEFINE_string(
+        "gta_split",
+        None,
+        "Write the run's ground-truth-aligned (teacher-forced) log-mel of this prepared "
+        "split to --output FILE.npz, for config.vocoder.gta_mels, instead of speaking text.",
+        **define,
+    )
+    flags.DEFINE_string(
+        "data", None, "--gta_split's prepared data directory (default: the run's).", **define
+    )
+    flags.DEFINE_integer(
+        "gta_max_utterances", 0, "--gta_split: only its first N utterances (0: all).", **define
+    )
 
 
 def main(argv: list[str], fv: flags.FlagValues = FLAGS) -> None:
@@ -89,6 +107,8 @@ def main(argv: list[str], fv: flags.FlagValues = FLAGS) -> None:
         cli.usage_error(f"unexpected arguments: {argv[1:]}")
     if (fv.workdir is None) == (fv.artifact is None):
         cli.usage_error("give --workdir TTS_RUN or --artifact DIR (one of them)")
+    if fv.gta_split is not None:
+        return gta_main(fv)
     if fv.artifact is not None and (fv.vocoder_workdir is not None or fv.step is not None):
         cli.usage_error("--vocoder_workdir and --step go with --workdir, not --artifact")
     for name in ("speaker", "output"):
@@ -123,6 +143,35 @@ def main(argv: list[str], fv: flags.FlagValues = FLAGS) -> None:
             file=sys.stderr,
         )
         print(json.dumps(result | {"blank_lines": blank}), flush=True)
+
+    cli.run_job(job)
+
+
+def gta_main(fv: flags.FlagValues) -> None:
+    """--gta_split: the run's ground-truth-aligned frames of a split into --output."""
+    if fv.workdir is None or fv.output is None:
+        cli.usage_error("--gta_split needs --workdir TTS_RUN and --output FILE.npz")
+    given = [f"--{n}" for n in ("text", "text_file", "speaker", "vocoder_workdir") if fv[n].value]
+    if given:
+        cli.usage_error(f"--gta_split writes a split's frames: drop {', '.join(given)}")
+
+    def job() -> None:
+        manifest = gta.write_gta_mels(
+            fv.workdir,
+            fv.gta_split,
+            fv.output,
+            data_dir=fv.data,
+            step=fv.step,
+            max_utterances=fv.gta_max_utterances,
+            progress=sys.stderr if fv.progress else None,
+        )
+        print(
+            f"wrote the ground-truth-aligned log-mel of {manifest['utterances']} utterances "
+            f"of {manifest['split']} ({len(manifest['skipped'])} left out) in "
+            f"{manifest['seconds']:.0f} s: {fv.output}",
+            file=sys.stderr,
+        )
+        print(json.dumps(manifest), flush=True)
 
     cli.run_job(job)
 

@@ -381,16 +381,13 @@ def _tts(c: ConfigDict) -> None:
     c.tts.model.embed_kernel = 9  # the pitch and energy embeddings' convolution (odd)
     c.tts.model.dropout = 0.1  # ESPnet's FastSpeech2 uses 0.1-0.2
     c.tts.dtype = "float32"  # compute: float32 | bfloat16 (parameters stay float32)
-    # Weights of jaxspeech.tts.losses.fastspeech2_loss's parts: mel L1 (normalized log-mel),
-    # and the squared errors of log(1 + duration), token pitch and token energy.
-    c.tts.loss = ConfigDict()  # the objective's weights
+    c.tts.loss = ConfigDict()  # the weights of jaxspeech.tts.losses.fastspeech2_loss's parts
     c.tts.loss.mel_weight = 1.0  # mel L1 (normalized features)
     c.tts.loss.duration_weight = 1.0  # log(1 + frames) squared error
     c.tts.loss.pitch_weight = 1.0  # normalized log-F0 squared error
     c.tts.loss.energy_weight = 1.0  # token energy squared error
-    # Evaluation synthesizes this many utterances of each split with predicted durations
-    # and scores their MCD-DTW (dB) against the real features (0 = none): DTW is quadratic
-    # in frames, and a few utterances track training.
+    # Evaluation synthesizes this many utterances of each split with predicted durations and
+    # scores their MCD-DTW (dB) against the real features (0 = none; DTW is quadratic).
     c.tts.mcd_utterances = 4
     # Train utterances whose voiced frames set the log-F0 normalization (mean, std), read
     # once into RUN/assets/pitch_stats.json: evenly spaced over the split.
@@ -398,9 +395,9 @@ def _tts(c: ConfigDict) -> None:
 
 
 def _vocoder(c: ConfigDict) -> None:
-    # config.task = "vocoder": a generator turns the raw log-mel (config.features) into audio
-    # segments (jaxspeech.vocoder.task); optimizers: optim (generator), optim2 (discriminators).
-    c.vocoder = ConfigDict()  # the neural vocoder (config.task = "vocoder")
+    # The neural vocoder (config.task = "vocoder", jaxspeech.vocoder.task): raw log-mel
+    # (config.features) -> audio; optimizers: optim (generator), optim2 (discriminators).
+    c.vocoder = ConfigDict()
     c.vocoder.generator = "hifigan"  # or "vocos" (jaxspeech/vocoder/vocos.py): ~10x cheaper
     c.vocoder.segment_samples = 8192  # HiFi-GAN's 0.51 s; shorter utterances padded and masked
     c.vocoder.batch_size = 16  # segments per step (global), HiFi-GAN's V1
@@ -415,6 +412,9 @@ def _vocoder(c: ConfigDict) -> None:
     c.vocoder.feature_weight = 2.0  # ... + 2 x feature matching ...
     c.vocoder.adversarial_weight = 1.0  # ... + 1 x least-squares adversarial
     c.vocoder.adversarial_start = 0  # steps of mel L1 alone first (discriminators resting)
+    # A synthesizer's ground-truth-aligned log-mel of the train split (FILE.npz, written by
+    # `jaxspeech.synthesize --gta_split`) as the input where it has the utterance; "": none.
+    c.vocoder.gta_mels = ""
     # Utterances of each eval split that are also vocoded by Griffin-Lim (on the host) and
     # scored by MCD-DTW for both vocoders (0 = none); the mel L1 covers the whole split.
     c.vocoder.eval_utterances = 8

@@ -1,9 +1,10 @@
 """The vocoder's training step and evaluation function (`config.task = "vocoder"`).
 
 The batch (`jaxspeech.vocoder.batch`) holds waveforms; on the device each becomes a
-vocoder batch (`vocoder.losses.make_batch`): the audio zero-padded to T * hop samples
-and its raw log-mel by the run's own front end (`config.features`: the recognizer's, so the
-vocoder inverts exactly what FastSpeech2 predicts once denormalized).
+vocoder batch (`device_batch`): the audio zero-padded to T * hop samples and its raw
+log-mel by the run's own front end (`config.features`: the recognizer's, so the vocoder
+inverts exactly what FastSpeech2 predicts once denormalized), or, on rows that have them,
+FastSpeech2's own ground-truth-aligned frames of that audio (`config.vocoder.gta_mels`).
 
 One step, as HiFi-GAN's: the discriminators' update on the generator's current output
 (its gradient stopped), then the generator's update against the *updated* discriminators
@@ -104,7 +105,7 @@ def make_vocoder_step(
         return d_params, d_opt, d_finite, d_norm, d_loss, d_parts
 
     def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
-        vb = vl.make_batch(batch["audio"], batch["audio_len"], cfg)
+        vb = device_batch(batch, cfg)
         p, o = state.params, state.opt_state
         branch = functools.partial(warm_up_branch, adversarial_start, state.step)
         d_params, d_opt, d_finite, d_norm, d_loss, d_parts = branch(
@@ -142,6 +143,18 @@ def make_vocoder_step(
         return new, metrics
 
     return train_step
+
+
+def device_batch(batch: dict, cfg: LogMelConfig) -> dict[str, jax.Array]:
+    """`losses.make_batch` of the batch's audio, its input log-mel replaced by the
+    synthesizer's ground-truth-aligned frames on the rows that have them ("gta_mel",
+    "gta": `vocoder.batch`). The mel L1 still compares the output with the real audio."""
+    vb = vl.make_batch(batch["audio"], batch["audio_len"], cfg)
+    if "gta_mel" in batch:
+        t = vb["mel"].shape[1]
+        has = batch["gta"][:, None, None] > 0
+        vb["mel"] = jnp.where(has, batch["gta_mel"][:, :t].astype(vb["mel"].dtype), vb["mel"])
+    return vb
 
 
 def warm_up_branch(start: int, step: jax.Array, adversarial_fn, warm_up_fn, *args):

@@ -8,7 +8,8 @@ FastSpeech2 predicts) back into audio.
   settings travel in every checkpoint as the model_vars, `vocoder.loading`);
 - data: `jaxspeech.vocoder.batch`: one random `vocoder.segment_samples` window of
   every train utterance per epoch, `vocoder.batch_size` rows (shorter utterances padded
-  and masked, none left out);
+  and masked, none left out); with `vocoder.gta_mels`, a synthesizer's ground-truth-aligned
+  frames of them as the input (`vocoder.gta`);
 - state: params and opt_state {"generator": ..., "discriminator": ...}, a tree of two
   optax AdamWs in the setup, of config.optim and config.optim2 (`objective.make_optimizers`);
 - step: the discriminators' update, then the generator's (`vocoder_objective`);
@@ -43,6 +44,7 @@ from jaxspeech.training import state as state_lib
 from jaxspeech.training import step as step_lib
 from jaxspeech.training.task import EvalResult
 from jaxspeech.vocoder import batch as vocoder_batch
+from jaxspeech.vocoder import gta as vocoder_gta
 from jaxspeech.vocoder import loading as vocoder_loading
 from jaxspeech.vocoder import vocos
 from jaxspeech.vocoder.objective import (
@@ -54,6 +56,7 @@ from jaxspeech.vocoder.objective import (
 from jaxspeech.vocoder.training_eval import VocoderEvaluator
 
 VOCODER_BATCH_RANKS = {"audio": 2, "audio_len": 1, "weight": 1, "corrupt": 1}
+GTA_BATCH_RANKS = {"gta_mel": 3, "gta": 1}  # with config.vocoder.gta_mels
 BEST_METRIC = "eval_mel_l1"
 
 
@@ -73,6 +76,7 @@ class VocoderTask:
 
     def train_pipeline(self):
         config, v = self.config, self.config.vocoder
+        self.gta = vocoder_gta.open_gta_mels(config, self.cfg) if v.gta_mels else None
         multiple_of = math.lcm(mesh_lib.num_batch_shards(self.mesh), jax.process_count())
         try:
             pipe = vocoder_batch.make_vocoder_pipeline(
@@ -91,9 +95,14 @@ class VocoderTask:
                 prefetch=config.data.prefetch,
                 retry=build.retry_policy(config),
                 with_ids=bool(config.monitor.log_batch_ids),
+                gta=self.gta,
+                hop=self.cfg.hop_length,
+                n_mels=self.cfg.num_mel_bins,
             )
         except (FileNotFoundError, reader_lib.ShardError, ValueError) as e:
             raise UserError(str(e)) from e
+        if self.gta is not None:
+            log(vocoder_gta.coverage(self.gta, pipe.index.num_records))
         rows = pipe.plan.spec.batch_sizes[0]
         log(
             f"train data: {pipe.index.num_records} utterances, {pipe.index.seconds / 3600:.2f} "
@@ -164,12 +173,14 @@ class VocoderTask:
         return make_vocoder_step(setup.spec.graphdef, setup.tx, self.cfg, weights, start)
 
     def batch_shardings(self) -> dict:
-        return {k: mesh_lib.batch_sharding(self.mesh, nd) for k, nd in VOCODER_BATCH_RANKS.items()}
+        ranks = VOCODER_BATCH_RANKS | (GTA_BATCH_RANKS if self.config.vocoder.gta_mels else {})
+        return {k: mesh_lib.batch_sharding(self.mesh, nd) for k, nd in ranks.items()}
 
     def diagnostic_grads_fn(self, setup: state_lib.TrainSetup) -> Callable:
         """The generator's gradients of a batch (the diagnostics' (params, model_vars,
         batch, key, step) -> (gradients, sums)), against the current discriminators."""
         from jaxspeech.vocoder import losses as vl  # only when diagnosing
+        from jaxspeech.vocoder.objective import device_batch
 
         graphdef, cfg, weights = setup.spec.graphdef, self.cfg, loss_weights(self.config)
 
@@ -178,7 +189,7 @@ class VocoderTask:
 
             def objective(gen_params):
                 model = nnx.merge(graphdef, params | {"generator": gen_params})
-                vb = vl.make_batch(batch["audio"], batch["audio_len"], cfg)
+                vb = device_batch(batch, cfg)
                 return vl.generator_loss(model.generator, model.discriminator, vb, cfg, **weights)
 
             (loss, parts), grads = jax.value_and_grad(objective, has_aux=True)(params["generator"])
