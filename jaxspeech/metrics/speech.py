@@ -9,6 +9,11 @@ The two utterances are never the same length (the synthesizer chooses its own
 durations), hence the alignment. numpy and librosa only: these run in evaluation jobs
 and notebooks that have no accelerator.
 
+Scoring several syntheses (vocoders) against one recording: `Reference` keeps the
+recording's mel cepstrum and pYIN F0 once computed (pYIN costs ~0.1 s per second of
+audio), and `mcd_dtw_against` / `f0_rmse_against` take it; `mcd_dtw_waves` and `f0_rmse`
+are the same measures of two waveforms.
+
 Bad inputs raise `ValueError`: empty, non-1-D or non-finite audio, and (for F0) a
 reference with no voiced frame at all, for which an F0 error is undefined. A reference
 that is voiced but shares no voiced aligned frame with the synthesized speech (e.g. a
@@ -18,6 +23,8 @@ NaN for the RMSE keys with `frames: 0`, and a voicing error rate that shows why.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 
 import librosa
@@ -159,14 +166,6 @@ def mcd_dtw(ref_ceps: np.ndarray, syn_ceps: np.ndarray) -> float:
     return float(_MCD_SCALE * np.mean(dists))
 
 
-def mcd_dtw_waves(ref_wave: np.ndarray, syn_wave: np.ndarray, sample_rate: int) -> float:
-    """`mcd_dtw` of two waveforms' `mel_cepstrum` (default analysis settings)."""
-    return mcd_dtw(
-        mel_cepstrum(_check_wave(ref_wave, "reference audio"), sample_rate),
-        mel_cepstrum(_check_wave(syn_wave, "synthesized audio"), sample_rate),
-    )
-
-
 def _f0(wave: np.ndarray, sample_rate: int, hop: int) -> tuple[np.ndarray, np.ndarray]:
     """(T,) F0 in Hz (NaN where unvoiced) and (T,) voiced flags, by probabilistic YIN."""
     # Two periods of the lowest F0 per analysis frame (YIN needs them), rounded up to a
@@ -184,8 +183,60 @@ def _f0(wave: np.ndarray, sample_rate: int, hop: int) -> tuple[np.ndarray, np.nd
     return f0, voiced
 
 
+def _f0_hop(sample_rate: int) -> int:
+    """The F0 frames' hop in samples: `mel_cepstrum`'s (10 ms), so that one DTW path pairs
+    both."""
+    return _frames(sample_rate, 25.0, 10.0)[1]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Reference:
+    """A reference recording, (S,) `wave` at `sample_rate` Hz as given, whose analyses
+    for the measures (`samples`, `cepstrum`, `pitch`) are computed on first use and kept:
+    one object scores any number of syntheses of the same text without analysing the
+    recording again. A bad wave (empty, not 1-D, non-finite) raises the measures' own
+    ValueError ("reference audio ...") on each use, not when the object is made."""
+
+    wave: np.ndarray
+    sample_rate: int
+
+    @functools.cached_property
+    def samples(self) -> np.ndarray:
+        """(S,) float32 samples, checked."""
+        return _check_wave(self.wave, "reference audio")
+
+    @functools.cached_property
+    def cepstrum(self) -> np.ndarray:
+        """(T, C) `mel_cepstrum` (default analysis settings)."""
+        return mel_cepstrum(self.samples, self.sample_rate)
+
+    @functools.cached_property
+    def pitch(self) -> tuple[np.ndarray, np.ndarray]:
+        """(T,) pYIN F0 in Hz (NaN where unvoiced) and (T,) voiced flags, on the frames of
+        `cepstrum`."""
+        return _f0(self.samples, self.sample_rate, _f0_hop(self.sample_rate))
+
+
+def mcd_dtw_against(ref: Reference, syn_wave: np.ndarray) -> float:
+    """`mcd_dtw` of (S2,) synthesized speech's `mel_cepstrum` against the reference's."""
+    ref_ceps = ref.cepstrum  # first: a bad reference is named before a bad synthesis
+    syn_ceps = mel_cepstrum(_check_wave(syn_wave, "synthesized audio"), ref.sample_rate)
+    return mcd_dtw(ref_ceps, syn_ceps)
+
+
+def mcd_dtw_waves(ref_wave: np.ndarray, syn_wave: np.ndarray, sample_rate: int) -> float:
+    """`mcd_dtw` of two waveforms' `mel_cepstrum` (default analysis settings)."""
+    return mcd_dtw_against(Reference(ref_wave, sample_rate), syn_wave)
+
+
 def f0_rmse(ref_wave: np.ndarray, syn_wave: np.ndarray, sample_rate: int) -> dict[str, float]:
-    """F0 errors of synthesized speech against the reference, on the MCD-DTW alignment.
+    """`f0_rmse_against` of two waveforms."""
+    return f0_rmse_against(Reference(ref_wave, sample_rate), syn_wave)
+
+
+def f0_rmse_against(ref: Reference, syn_wave: np.ndarray) -> dict[str, float]:
+    """F0 errors of (S2,) synthesized speech against the reference, on the MCD-DTW
+    alignment.
 
     F0 and the voiced / unvoiced decision per 10 ms frame come from librosa's probabilistic
     YIN (`librosa.pyin`, 50-500 Hz: its HMM decides voicing, no threshold of ours), on the
@@ -198,16 +249,14 @@ def f0_rmse(ref_wave: np.ndarray, syn_wave: np.ndarray, sample_rate: int) -> dic
     "aligned_frames": length of the path}. ValueError when the reference has no voiced
     frame (the measure is undefined, e.g. silence).
     """
-    ref_wave = _check_wave(ref_wave, "reference audio")
+    _ = ref.samples  # first: a bad reference is named before a bad synthesis
     syn_wave = _check_wave(syn_wave, "synthesized audio")
-    _, hop, _ = _frames(sample_rate, 25.0, 10.0)
-    ref_f0, ref_voiced = _f0(ref_wave, sample_rate, hop)
+    sample_rate = ref.sample_rate
+    ref_f0, ref_voiced = ref.pitch
     if not np.any(ref_voiced):
         raise ValueError("reference audio has no voiced frame: F0 error is undefined")
-    syn_f0, syn_voiced = _f0(syn_wave, sample_rate, hop)
-    path, _ = _aligned_distances(
-        mel_cepstrum(ref_wave, sample_rate), mel_cepstrum(syn_wave, sample_rate)
-    )
+    syn_f0, syn_voiced = _f0(syn_wave, sample_rate, _f0_hop(sample_rate))
+    path, _ = _aligned_distances(ref.cepstrum, mel_cepstrum(syn_wave, sample_rate))
     # Both front ends frame centred windows every hop: T = 1 + S // hop for each.
     i, j = path[:, 0], path[:, 1]
     both = ref_voiced[i] & syn_voiced[j]

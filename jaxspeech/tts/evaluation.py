@@ -59,6 +59,7 @@ from jaxspeech.evaluation.recognize import WaveRecognizer
 from jaxspeech.evaluation.splits import parse_splits
 from jaxspeech.metrics import images
 from jaxspeech.metrics.mos import Dnsmos
+from jaxspeech.metrics.speech import Reference
 from jaxspeech.metrics.wer import ErrorCounts
 from jaxspeech.metrics.writers import MetricWriter
 from jaxspeech.parallel import mesh as mesh_lib
@@ -309,14 +310,15 @@ class SplitEvaluation:
                 "truncated": truncated,
             }
             mos = self.mos if len(self.rows) < self.mos_utterances else None
-            row |= tts_scores.score_utterance(u.audio, predicted, aligned, sr, mos)
+            ref = Reference(u.audio, sr)  # the recording analysed once for every vocoder
+            row |= tts_scores.score_utterance(ref, predicted, aligned, sr, mos)
             if mos is not None:  # the recordings' own, the level the synthesizers aim at
                 row["real"] = tts_scores.dnsmos_scores(mos, u.audio, sr)
             if neural:
                 n_predicted, n_aligned = neural[i]
                 neural_waves.append(n_predicted)
                 row[NEURAL] = tts_scores.score_utterance(
-                    u.audio, n_predicted, n_aligned[: len(u.audio)], sr, mos
+                    ref, n_predicted, n_aligned[: len(u.audio)], sr, mos
                 )
             self.rows.append(row)
             predicted_waves.append(predicted)

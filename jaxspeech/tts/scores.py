@@ -6,12 +6,13 @@ own durations ("predicted", the real use) and with the recording's phoneme durat
 ("aligned": the same number of frames, each phoneme where the recording has it). A measure
 that compares time-aligned signals is taken on the aligned one:
 
-- mcd_db: MCD-DTW (`metrics.speech.mcd_dtw_waves`) of the predicted speech; DTW absorbs
+- mcd_db: MCD-DTW (`metrics.speech.mcd_dtw_against`) of the predicted speech; DTW absorbs
   the difference in timing, so this is the synthesizer as it is used;
 - pesq: wide-band PESQ (ITU-T P.862.2, MOS-LQO 1.0-4.64) of the aligned speech, at
   16 kHz. PESQ aligns only small delays: it needs the two signals in step, which the
   predicted durations never are;
-- f0_rmse_hz, f0_rmse_cents, voicing_error: `metrics.speech.f0_rmse` of the aligned speech;
+- f0_rmse_hz, f0_rmse_cents, voicing_error: `metrics.speech.f0_rmse_against` of the aligned
+  speech;
 - dnsmos_sig, dnsmos_bak, dnsmos_ovrl, dnsmos_p808: DNSMOS P.835 and P.808 estimates of a
   listening test's MOS (`metrics.mos`, 1-5) of the predicted speech alone (no reference:
   the recordings are scored the same way, `dnsmos_scores`), when a scorer is given.
@@ -28,7 +29,7 @@ import numpy as np
 import soxr
 
 from jaxspeech.metrics.mos import Dnsmos
-from jaxspeech.metrics.speech import f0_rmse, mcd_dtw_waves
+from jaxspeech.metrics.speech import Reference, f0_rmse_against, mcd_dtw_against
 
 PESQ_RATE = 16000  # wide-band PESQ is defined at 16 kHz only
 DNSMOS = ("dnsmos_sig", "dnsmos_bak", "dnsmos_ovrl", "dnsmos_p808")
@@ -87,7 +88,7 @@ def dnsmos_scores(scorer: Dnsmos, wave: np.ndarray, sample_rate: int) -> dict:
 
 
 def score_utterance(
-    ref: np.ndarray,
+    ref: np.ndarray | Reference,
     predicted: np.ndarray,
     aligned: np.ndarray,
     sample_rate: int,
@@ -96,7 +97,14 @@ def score_utterance(
     """The measures of the module docstring for one utterance: (S,) reference, (S1,)
     predicted and (S2,) aligned synthesized waveforms -> {measure: value or None} plus
     "unscored": {measure: why} for those that could not be taken. The DNSMOS measures
-    are None without a `mos` scorer (not asked for: not in "unscored")."""
+    are None without a `mos` scorer (not asked for: not in "unscored").
+
+    `ref` as a `metrics.speech.Reference` (at `sample_rate`): its mel cepstrum and F0,
+    once computed, serve every vocoder scored against it."""
+    if not isinstance(ref, Reference):
+        ref = Reference(ref, sample_rate)
+    elif ref.sample_rate != sample_rate:
+        raise ValueError(f"reference at {ref.sample_rate} Hz, synthesized speech at {sample_rate}")
     out: dict = {k: None for k in MEASURES}
     unscored: dict[str, str] = {}
     if mos is not None:
@@ -104,15 +112,15 @@ def score_utterance(
         unscored |= scores.pop("unscored", {})
         out |= scores
     try:
-        out["mcd_db"] = _finite(mcd_dtw_waves(ref, predicted, sample_rate))
+        out["mcd_db"] = _finite(mcd_dtw_against(ref, predicted))
     except ValueError as e:
         unscored["mcd_db"] = str(e)
     try:
-        out["pesq"] = _finite(pesq_wb(ref, aligned, sample_rate))
+        out["pesq"] = _finite(pesq_wb(ref.wave, aligned, sample_rate))
     except ValueError as e:
         unscored["pesq"] = str(e)
     try:
-        f0 = f0_rmse(ref, aligned[: len(ref)], sample_rate)
+        f0 = f0_rmse_against(ref, aligned[: len(ref.wave)])
         out |= {k: _finite(f0[k]) for k in ("f0_rmse_hz", "f0_rmse_cents", "voicing_error")}
         if out["f0_rmse_hz"] is None:  # voiced in both nowhere: the voicing error says why
             unscored["f0_rmse_hz"] = "no frame voiced in both"

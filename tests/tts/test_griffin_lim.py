@@ -2,11 +2,12 @@
 the length conventions of `jaxspeech.audio.features`."""
 
 import jax.numpy as jnp
+import librosa
 import numpy as np
 import pytest
 
 from jaxspeech.audio import features
-from jaxspeech.audio.griffin_lim import griffin_lim, griffin_lim_batch
+from jaxspeech.audio.griffin_lim import griffin_lim, griffin_lim_batch, nnls
 from tests.tts.tones import harmonic_tone
 
 HOP = 160
@@ -57,6 +58,24 @@ def test_batch_vocodes_each_row_from_its_valid_frames(round_trip):
     np.testing.assert_allclose(out[0], griffin_lim(feats, n_iter=4))
     np.testing.assert_allclose(out[1, : 30 * HOP], griffin_lim(feats[:30], n_iter=4))
     assert np.all(out[1, 30 * HOP :] == 0.0)
+
+
+def test_nnls_is_librosas(round_trip):
+    """`nnls` returns `librosa.util.nnls`'s solution (the independent reference): on our
+    features, where L-BFGS-B stops at the clipped pseudo-inverse, and on a problem where
+    it takes steps, over two of librosa's blocks of columns (64 columns of 512 rows), which
+    are solved apart (one L-BFGS-B over all 100 columns ends 2e-3 away)."""
+    _, feats, _ = round_trip
+    cfg = features.LogMelConfig()
+    basis = features.mel_filterbank(cfg).T.astype(np.float64)
+    mel_power = np.maximum(np.exp(feats.astype(np.float64)) - cfg.log_floor, 0.0).T
+    np.testing.assert_allclose(nnls(basis, mel_power), librosa.util.nnls(basis, mel_power))
+    rng = np.random.default_rng(0)
+    a = rng.uniform(0.0, 1.0, (512, 20))
+    b = a @ rng.normal(0.0, 1.0, (20, 100)) + rng.normal(0.0, 0.1, (512, 100))
+    want = librosa.util.nnls(a, b)
+    assert np.abs(want - np.clip(np.linalg.pinv(a) @ b, 0, None)).max() > 1.0  # it moved
+    np.testing.assert_allclose(nnls(a, b), want, rtol=1e-9, atol=1e-12)
 
 
 def test_wrong_features_are_refused():

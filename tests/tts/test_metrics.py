@@ -147,6 +147,30 @@ def test_f0_rmse_of_unvoiced_synthesis_is_nan_with_full_voicing_error():
     assert out["frames"] == 0 and out["voicing_error"] == 1.0
 
 
+def test_a_reference_analysed_once_scores_as_the_waves_do(monkeypatch):
+    """`Reference` reused for two syntheses: the same MCD and F0 errors as the waveform
+    functions, with the recording's cepstrum and pYIN computed once (the waveform
+    functions: twice and once per synthesis)."""
+    ref_wave, syns = _tone(120.0, 0.5), [_tone(130.0, 0.6), _utterance([110, 160], seed=5)]
+    want = [(tts.mcd_dtw_waves(ref_wave, s, SR), tts.f0_rmse(ref_wave, s, SR)) for s in syns]
+    calls = {"mel_cepstrum": 0, "_f0": 0}
+
+    def counted(name, f):
+        def call(*args, **kwargs):
+            calls[name] += 1
+            return f(*args, **kwargs)
+
+        return call
+
+    for name in calls:
+        monkeypatch.setattr(tts, name, counted(name, getattr(tts, name)))
+    ref = tts.Reference(ref_wave, SR)
+    got = [(tts.mcd_dtw_against(ref, s), tts.f0_rmse_against(ref, s)) for s in syns]
+    assert got == want
+    # The reference's cepstrum and F0 once; each synthesis's cepstrum twice, F0 once.
+    assert calls == {"mel_cepstrum": 1 + 2 * len(syns), "_f0": 1 + len(syns)}
+
+
 @pytest.mark.parametrize(
     "call,message",
     [
@@ -154,6 +178,7 @@ def test_f0_rmse_of_unvoiced_synthesis_is_nan_with_full_voicing_error():
         (lambda: tts.mel_cepstrum(np.zeros((2, 800)), SR), "must be 1-D"),
         (lambda: tts.mcd_dtw_waves(np.zeros(0), np.ones(800), SR), "reference audio is empty"),
         (lambda: tts.mcd_dtw_waves(np.ones(800), np.zeros((1, 8)), SR), "synthesized audio must"),
+        (lambda: tts.f0_rmse_against(tts.Reference([], SR), np.ones(8)), "reference audio is"),
         (lambda: tts.mel_cepstrum(np.full(800, np.nan), SR), "non-finite"),
         (lambda: tts.f0_rmse(np.zeros(SR // 2), _tone(120.0, 0.5), SR), "no voiced frame"),
         (lambda: tts.f0_rmse(_tone(120.0, 0.5), np.zeros(0), SR), "synthesized audio is empty"),

@@ -24,6 +24,7 @@ from jaxspeech.audio.griffin_lim import griffin_lim
 from jaxspeech.config import build
 from jaxspeech.data.tokenizer import train_char_tokenizer
 from jaxspeech.evaluation.recognize import WaveRecognizer
+from jaxspeech.metrics.speech import Reference
 from jaxspeech.metrics.wer import ErrorCounts
 from jaxspeech.parallel import mesh as mesh_lib
 from jaxspeech.parallel import rules
@@ -163,9 +164,16 @@ def test_the_vocoder_floor_scores_well():
     assert got["f0_rmse_hz"] < 10 and got["voicing_error"] < 0.2, got
     assert "unscored" not in got
     noise = 0.05 * np.random.default_rng(0).standard_normal(len(ref)).astype(np.float32)
-    bad = tts_scores.score_utterance(ref, noise, noise, 16000)
+    # One analysed reference for two "vocoders" (as the evaluation scores its vocoders):
+    # the same rows as from the waveform.
+    reference = Reference(ref, 16000)
+    assert tts_scores.score_utterance(reference, vocoded, vocoded, 16000) == got
+    bad = tts_scores.score_utterance(reference, noise, noise, 16000)
+    assert bad == tts_scores.score_utterance(ref, noise, noise, 16000)
     assert bad["mcd_db"] > got["mcd_db"] + 20 and bad["pesq"] < 1.5
     assert bad["f0_rmse_hz"] is None and "f0_rmse_hz" in bad["unscored"]
+    with pytest.raises(ValueError, match="reference at 16000 Hz"):
+        tts_scores.score_utterance(reference, noise, noise, 22050)
 
 
 # ---------------------------------------------------------------- the recognizer on waves
