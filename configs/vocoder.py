@@ -10,11 +10,13 @@ Run: `make demo-tts` (after the synthesizer, this config into runs/demo-vocoder)
 
 Variants (`--config configs/vocoder.py:NAME`):
   (default) Vocos (jaxspeech/vocoder/vocos.py: ConvNeXt at the frame rate, magnitude and
-            phase, inverse STFT; vocos.DEMO_GENERATOR's 0.76 M parameters), 2,000 steps of
+            phase, inverse STFT; vocos.DEMO_GENERATOR's 0.76 M parameters), 3,000 steps of
             8 segments of the mel L1 alone (the generator's pass only) at 4e-3 on a cosine:
-            3.5 minutes on the 2-core VM. Through the synthesizer on tts_heldout it is
-            measured beside Griffin-Lim in docs/results/tts.md. The discriminators are built
-            and rest: `--config.train.num_steps` past 2,000 trains adversarially from there.
+            about 4.5 minutes on the 2-core VM. `make demo-tts` gives it the synthesizer's
+            teacher-forced frames of half the train split (`--config.vocoder.gta_mels`);
+            through the synthesizer on tts_heldout it is measured beside Griffin-Lim in
+            docs/results/tts.md. The discriminators are built and rest:
+            `--config.train.num_steps` past 3,000 trains adversarially from there.
   hifigan   HiFi-GAN's demo (hifigan.DEMO_GENERATOR, 0.23 M parameters) and the small
             discriminators (DEMO_DISCRIMINATOR, 0.33 M), 120 steps of 4 segments of 8192
             samples at 1e-3, adversarial from the start: 2.7 minutes on a quiet machine,
@@ -65,13 +67,15 @@ def get_config(arg: str | None = None) -> ConfigDict:
         # STFT, 0.76 M parameters. A step of the mel L1 alone takes 70 ms for 8 segments
         # on a quiet 2-core VM; one with the demo discriminators took 4.7 s for 4 (loaded),
         # so the demo's minutes are all of the mel L1 (vocoder.adversarial_start = the
-        # steps): 2,000 steps. A cosine from 4e-3 fitted better than 2e-3 on HiFi-GAN's
+        # steps). At 2,000 steps a cosine from 4e-3 fitted better than 2e-3 on HiFi-GAN's
         # near-constant exponential decay: tts_heldout log-mel L1 0.547 against 0.598, and
         # through the synthesizer DNSMOS OVRL 2.92 against 2.87 (Griffin-Lim 2.89), CER
         # 18.4% against 18.8% (Griffin-Lim 18.1%). 3,000 steps: 0.495, yet the same CER.
         # 2e-3 or 8e-3 on the cosine, a linear-STFT magnitude loss, a consistency loss on
         # the predicted spectrum or 16 segments a step fitted no better (2026-11-29,
-        # docs/results/tts.md, "Vocos").
+        # docs/results/tts.md, "Vocos"). With the synthesizer's teacher-forced frames of
+        # half the train utterances (make demo-tts), 3,000 steps: CER 18.05%, DNSMOS OVRL
+        # 2.92 (Griffin-Lim 18.10%, 2.89); 2,000: 18.29%, 2.96 ("Ground-truth-aligned").
         c.vocoder.generator = "vocos"
         c.vocoder.vocos_dim = 128  # vocos.DEMO_GENERATOR
         c.vocoder.vocos_intermediate_dim = 384
@@ -79,8 +83,8 @@ def get_config(arg: str | None = None) -> ConfigDict:
         c.vocoder.batch_size = 8
         c.optim.peak_lr = 4e-3
         c.optim.decay = "cosine"  # to optim.end_lr_ratio of the peak at the last step
-        c.train.num_steps = 2000
-        c.vocoder.adversarial_start = 2000
+        c.train.num_steps = 3000
+        c.vocoder.adversarial_start = 3000
         c.train.log_every = 250
     if variant == "tiny":
         c.data.eval_split = "dev"

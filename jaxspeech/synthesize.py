@@ -98,7 +98,10 @@ def define_flags(fv: flags.FlagValues = FLAGS) -> None:
         "data", None, "--gta_split's prepared data directory (default: the run's).", **define
     )
     flags.DEFINE_integer(
-        "gta_max_utterances", 0, "--gta_split: only its first N utterances (0: all).", **define
+        "gta_max_utterances",
+        0,
+        "--gta_split: N of its utterances, spread evenly (0: all).",
+        **define,
     )
 
 

@@ -74,6 +74,17 @@ def test_demo_tts_steps(tmp_path):
     assert f"--workdir {tts_run}" in train[0] and f"--config.data.dir={data}/shards" in train[0]
     assert "--config configs/vocoder.py" in train[1] and f"--workdir {voc}" in train[1]
     assert f"--config.data.dir={data}/shards" in train[1]
+    # Between them, the synthesizer's teacher-forced frames of half the train split, which
+    # the vocoder learns from; DEMO_GTA_UTTERANCES=0: the recordings' log-mel alone.
+    gta = [c for c in commands if "-m jaxspeech.synthesize" in c]
+    assert len(gta) == 1 and commands.index(train[0]) < commands.index(gta[0])
+    assert commands.index(gta[0]) < commands.index(train[1])
+    store = f"{tts_run}/gta-train.npz"
+    assert f"--workdir {tts_run} --data {data}/shards --gta_split train" in gta[0]
+    assert f"--gta_max_utterances 4725 --output {store}" in gta[0]
+    assert train[1].endswith(f"--config.vocoder.gta_mels={store}")
+    plain = _commands(*args, "DEMO_GTA_UTTERANCES=0")
+    assert not any("jaxspeech.synthesize" in c or "gta_mels" in c for c in plain)
     evaluate = [c for c in commands if "-m jaxspeech.evaluate" in c]
     assert len(evaluate) == 1 and evaluate[0].endswith(
         f" -m jaxspeech.evaluate --workdir {tts_run} --data {data}/shards "

@@ -14,7 +14,7 @@ natural log of power, as the vocoder's input) into a frame store
 (`jaxspeech.data.frame_store`); an utterance the model cannot take (an unreadable record,
 more phonemes than its bucket) is left out, counted and named with its reason in the
 manifest. Command line: `python -m jaxspeech.synthesize --workdir TTS_RUN --gta_split
-train --output FILE.npz` (`--gta_max_utterances N`: the split's first N).
+train --output FILE.npz` (`--gta_max_utterances N`: N of its utterances, spread evenly over it).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from jaxspeech.common.errors import UserError
 from jaxspeech.config import build
 from jaxspeech.data import frame_store, records
 from jaxspeech.data import reader as reader_lib
+from jaxspeech.data.plan import PAD_INDEX, BucketSpec, PlannedBatch
 from jaxspeech.evaluation import splits as eval_splits
 from jaxspeech.parallel import mesh as mesh_lib
 from jaxspeech.parallel import rules
@@ -47,42 +48,82 @@ def feature_signature(cfg: LogMelConfig) -> dict:
     return dataclasses.asdict(cfg)
 
 
+def spread(num_records: int, limit: int) -> np.ndarray:
+    """(K,) record indices: `limit` of the split's `num_records` spread evenly over it (its
+    speakers and lengths alike), or all of them."""
+    if limit >= num_records:
+        return np.arange(num_records)
+    return np.unique((np.arange(limit) * num_records) // limit).astype(np.int64)
+
+
+def planned_batches(
+    index: records.SplitIndex, spec: BucketSpec, positions: np.ndarray
+) -> Iterator[PlannedBatch]:
+    """One pass over the records `positions` in `spec`'s buckets (each record in the
+    shortest that holds it, as `BatchPlan` places them; `spec` reaches the longest), in
+    order, padded with PAD_INDEX rows. One process: the pass runs on one device."""
+    samples = np.round(index.durations[positions] * index.sample_rate).astype(np.int64)
+    bounds = np.array([spec.num_samples(b) for b in range(len(spec.boundaries))])
+    bucket = np.searchsorted(bounds, samples, side="left")
+    for b, rows in enumerate(spec.batch_sizes):
+        mine = positions[bucket == b]
+        for start in range(0, len(mine), rows):
+            part = mine[start : start + rows]
+            indices = np.full(rows, PAD_INDEX, np.int64)
+            indices[: len(part)] = part
+            yield PlannedBatch(b, indices, np.ones(rows, np.float32), 0)
+
+
 def _frames(run: TtsRun, data_dir: str, split: str, limit: int, skipped: list) -> Iterator:
-    """(id, (T, M) raw log-mel) of the split's first `limit` records in order; the records
-    left out are appended to `skipped` as {"id" or "record", "reason"}."""
+    """(id, (T, M) raw log-mel) of `limit` records of the split spread over it (`spread`);
+    the records left out are appended to `skipped` as {"id" or "record", "reason"}."""
     config, mesh = run.config, run.spec.mesh
     cfg = build.feature_config(config)
     eval_fn = make_eval_fn(run.spec.graphdef, cfg)
     index = records.read_split_index(data_dir, split)
-    pipe = tts_batch.make_tts_pipeline(
-        data_dir=data_dir,
-        split=split,
-        table=run.assets.table,
-        speakers=run.assets.speakers,
-        spec=eval_splits.split_buckets(config, mesh, index),
-        hop_length=cfg.hop_length,
-        **build.loader_settings(config, train=False),
+    # The training buckets (and one up to the longest utterance), not the evaluation's few
+    # wide ones: a pass over a training split pads less (see write_gta_mels).
+    buckets = config.copy_and_resolve_references()
+    buckets.data.eval_bucket_boundaries = ()
+    spec = eval_splits.eval_bucket_spec(buckets, index.durations, 1)
+    load = tts_batch.LoadTtsBatch(
+        index.shard_paths,
+        index.shard_num_records,
+        run.assets.table,
+        run.assets.speakers,
+        spec,
+        cfg.hop_length,
+        with_text=True,
+        retry=build.retry_policy(config),
+        unknown_speaker="error",
     )
-    done = 0
     table = build.rules_from_config(config)
-    for batch in pipe.dataset():
-        for f in batch["faults"]:
-            skipped.append({"record": f.get("record"), "reason": str(f.get("error"))})
+    pending = None  # the batch before: its frames are fetched after the next is loaded
+    for planned in planned_batches(index, spec, spread(index.num_records, limit)):
+        batch = load(planned)
         arrays = {k: v for k, v in batch.items() if isinstance(v, np.ndarray)}
         with rules.axis_rules(table), jax.set_mesh(mesh):
             out = eval_fn(run.params, run.model_vars, mesh_lib.host_to_global(mesh, arrays))
-            frames = mesh_lib.to_host_local(mesh, out["frames"])
-            mel = mesh_lib.to_host_local(mesh, out["predicted"])
-        for i, utt in enumerate(batch["id"]):
-            if not utt:
-                continue  # padding, or a corrupt record (in "faults")
-            if batch["label_overflow"][i]:
-                skipped.append({"id": utt, "reason": "more phonemes than its bucket"})
-            else:
-                yield utt, denormalized(mel[i, : int(frames[i])], run.model_vars)
-            done += 1
-            if done >= limit:
-                return
+        if pending is not None:
+            yield from _rows(run, *pending, skipped)
+        pending = (batch, out)
+    if pending is not None:
+        yield from _rows(run, *pending, skipped)
+
+
+def _rows(run: TtsRun, batch: dict, out: dict, skipped: list) -> Iterator:
+    """(id, (T, M) raw log-mel) of one batch's usable rows; the others into `skipped`."""
+    for f in batch["faults"]:
+        skipped.append({"record": f.get("record"), "reason": str(f.get("error"))})
+    frames = np.asarray(out["frames"])
+    mel = np.asarray(out["predicted"])
+    for i, utt in enumerate(batch["id"]):
+        if not utt:
+            continue  # padding, or a corrupt record (in "faults")
+        if batch["label_overflow"][i]:
+            skipped.append({"id": utt, "reason": "more phonemes than its bucket"})
+        else:
+            yield utt, denormalized(mel[i, : int(frames[i])], run.model_vars)
 
 
 def write_gta_mels(
@@ -95,7 +136,8 @@ def write_gta_mels(
     max_utterances: int = 0,
     progress: IO | None = None,
 ) -> dict:
-    """Writes RUN's teacher-forced log-mel of `split` (its first `max_utterances`; 0: all)
+    """Writes RUN's teacher-forced log-mel of `split` (`max_utterances` of them spread
+    evenly over it, `spread`; 0: all)
     to the frame store `output` (.npz); returns its manifest: the run, step, data, split,
     "utterances" written, "skipped" ([{"id" or "record", "reason"}]), the front end
     ("features") and the seconds it took.

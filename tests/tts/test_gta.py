@@ -18,12 +18,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs import vocoder
+from configs import tts, vocoder
 from jaxspeech.audio import features
 from jaxspeech.common.errors import UserError
 from jaxspeech.config import build
 from jaxspeech.data import frame_store, records
 from jaxspeech.data.reader import audio_float32, read_split_records
+from jaxspeech.evaluation import splits as eval_splits
+from jaxspeech.tts import gta as tts_gta
 from jaxspeech.vocoder import batch as vocoder_batch
 from jaxspeech.vocoder import gta as vocoder_gta
 from jaxspeech.vocoder.objective import device_batch
@@ -190,3 +192,22 @@ def test_mistakes_are_one_line(tts_tiny_run, tts_corpus, tmp_path, capsys):
         frame_store.write_frame_store(other, [("a", np.zeros((1, 2)))] * 2, {})
     assert sorted(os.listdir(tmp_path)) == ["other.npz"]  # the failed write left no temporary
     assert records.read_split_index(str(tts_corpus), "train").num_records == 24
+
+
+def test_the_subset_is_spread_and_each_record_planned_once(tts_corpus):
+    """`--gta_max_utterances N`: N records spread evenly over the split, each planned once,
+    in the shortest bucket that holds it (checked against the buckets one by one)."""
+    assert list(tts_gta.spread(10, 4)) == [0, 2, 5, 7]
+    assert list(tts_gta.spread(3, 5)) == [0, 1, 2]
+    index = records.read_split_index(str(tts_corpus), "train")
+    spec = eval_splits.eval_bucket_spec(tts.get_config("tiny"), index.durations, 1)
+    positions = tts_gta.spread(index.num_records, 13)
+    planned = list(tts_gta.planned_batches(index, spec, positions))
+    seen = np.concatenate([p.indices[p.indices >= 0] for p in planned])
+    assert sorted(seen) == sorted(positions)
+    for p in planned:
+        assert len(p.indices) == spec.batch_sizes[p.bucket]
+        for i in p.indices[p.indices >= 0]:
+            samples = round(index.durations[i] * index.sample_rate)
+            fits = [b for b in range(len(spec.boundaries)) if samples <= spec.num_samples(b)]
+            assert p.bucket == fits[0], (i, samples)
