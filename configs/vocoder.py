@@ -74,8 +74,9 @@ def get_config(arg: str | None = None) -> ConfigDict:
         # 2e-3 or 8e-3 on the cosine, a linear-STFT magnitude loss, a consistency loss on
         # the predicted spectrum or 16 segments a step fitted no better (2026-11-29,
         # docs/results/tts.md, "Vocos"). With the synthesizer's teacher-forced frames of
-        # half the train utterances (make demo-tts), 3,000 steps: CER 18.05%, DNSMOS OVRL
-        # 2.92 (Griffin-Lim 18.10%, 2.89); 2,000: 18.29%, 2.96 ("Ground-truth-aligned").
+        # half the train utterances (make demo-tts), 3,000 steps: CER 17.9%, DNSMOS OVRL
+        # 2.88 (Griffin-Lim 18.1%, 2.89); another half 18.05%, 2.92; 2,000 steps 18.3%,
+        # 2.96: all within noise ("Ground-truth-aligned frames").
         c.vocoder.generator = "vocos"
         c.vocoder.vocos_dim = 128  # vocos.DEMO_GENERATOR
         c.vocoder.vocos_intermediate_dim = 384

@@ -8,12 +8,12 @@ HiFi-GAN fine-tunes on them and ESPnet's TTS inference writes them
 pitch and energy; no dropout, `tts.objective.make_eval_fn`) predicts frames aligned one
 to one with the recording's, so a vocoder can learn predicted frames -> the real waveform.
 
-`write_gta_mels` runs the run's checkpoint over the split in order (its evaluation
-buckets, one device) and writes each utterance's (T, M) raw log-mel (the front end's
-natural log of power, as the vocoder's input) into a frame store
-(`jaxspeech.data.frame_store`); an utterance the model cannot take (an unreadable record,
-more phonemes than its bucket) is left out, counted and named with its reason in the
-manifest. Command line: `python -m jaxspeech.synthesize --workdir TTS_RUN --gta_split
+`write_gta_mels` runs the run's checkpoint over the split (or N of its utterances spread
+evenly over it) in the run's training buckets, on one device, and writes each utterance's
+(T, M) raw log-mel (the front end's natural log of power, as the vocoder's input) into a
+frame store (`jaxspeech.data.frame_store`); an utterance the model cannot take (an
+unreadable record, more phonemes than its bucket) is left out, counted and named with its
+reason in the manifest. Command line: `python -m jaxspeech.synthesize --workdir TTS_RUN --gta_split
 train --output FILE.npz` (`--gta_max_utterances N`: N of its utterances, spread evenly over it).
 """
 
@@ -136,11 +136,10 @@ def write_gta_mels(
     max_utterances: int = 0,
     progress: IO | None = None,
 ) -> dict:
-    """Writes RUN's teacher-forced log-mel of `split` (`max_utterances` of them spread
-    evenly over it, `spread`; 0: all)
-    to the frame store `output` (.npz); returns its manifest: the run, step, data, split,
-    "utterances" written, "skipped" ([{"id" or "record", "reason"}]), the front end
-    ("features") and the seconds it took.
+    """Writes RUN's teacher-forced log-mel of `split` (`max_utterances` of its utterances
+    spread evenly over it, `spread`; 0: all) to the frame store `output` (.npz); returns
+    its manifest: the run, step, data, split, "utterances" written, "skipped" ([{"id" or
+    "record", "reason"}]), the front end ("features") and the seconds it took.
 
     Raises:
       UserError: not a synthesizer's run, an unprepared split, a speaker the run does not
