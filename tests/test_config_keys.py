@@ -165,12 +165,17 @@ NOT_KEYS = {"json"}  # RUN/config.json, the file
 
 # The user guide and the reference it points to for the details.
 DOCS = ("README.md", "docs/reference.md")
+# Overrides of a task section the recognizers' configs lack, checked in that task's config.
+TASK_CONFIGS = {
+    "vocoder": str(REPO / "configs" / "vocoder.py"),
+    "tts": str(REPO / "configs" / "tts.py"),
+}
 
 
 def readme_refs() -> dict[str, list]:
     """The config references of README.md and docs/reference.md (read now: they change),
     by kind."""
-    refs = {"override": [], "reference": [], "syntax": [], "file": []}
+    refs = {"override": [], "task_override": [], "reference": [], "syntax": [], "file": []}
     text = "\n".join((REPO / doc).read_text() for doc in DOCS)
     for m in README_REF.finditer(text):
         _, key, value = m.groups()
@@ -178,6 +183,8 @@ def readme_refs() -> dict[str, list]:
             refs["file"].append(key)
         elif any(PLACEHOLDER.fullmatch(part) for part in key.split(".")):
             refs["syntax"].append(key)  # --config.KEY=VALUE, the syntax itself
+        elif value is not None and key.split(".")[0] in TASK_CONFIGS:
+            refs["task_override"].append((key, value))
         elif value is not None:
             refs["override"].append((key, value))
         else:
@@ -208,7 +215,13 @@ def test_readme_walk_finds_every_reference():
     to check; after editing the documents' options, recount and update."""
     refs = readme_refs()
     counts = {kind: len(found) for kind, found in refs.items()}
-    assert counts == {"override": 29, "reference": 56, "syntax": 1, "file": 2}, refs
+    assert counts == {
+        "override": 29,
+        "task_override": 1,  # the README's vocoder.gta_mels=G.npz
+        "reference": 56,
+        "syntax": 1,
+        "file": 2,
+    }, refs
     assert "model.conformer.remat" in dict(refs["override"])  # the issue's example
 
 
@@ -229,6 +242,16 @@ def test_readme_overrides_parse(config_file):
         values.append(other_value(config, key)[0])
         for value in values:
             check_override(config_file, key, value)
+
+
+def test_readme_task_overrides_parse():
+    """A `config.<key>=<value>` of another task's section (the vocoder's) works as
+    `--config.<key>=<value>` of that task's config."""
+    for key, text in readme_refs()["task_override"]:
+        config_file = TASK_CONFIGS[key.split(".")[0]]
+        default = get(parse(config_file), key)
+        value = typed(text, default)
+        check_override(config_file, key, value)
 
 
 @pytest.mark.parametrize("config_file", CONFIG_FILES, ids=["demo", "conformer-M"])
