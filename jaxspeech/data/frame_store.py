@@ -6,20 +6,21 @@ The file is a plain NumPy .npz (a zip of .npy members, uncompressed): one float1
 member per utterance, named by its id, and `MANIFEST`, a 0-d string array holding the JSON
 of what made it. Members are written one at a time (a split's frames need not fit in
 memory) to a temporary name beside the file, which is renamed over it at the end
-(`os.replace`): a reader never sees half a file, and two writers of one path leave one
-whole file. Reading opens the file lazily in each process (a loader worker pickles the
-path, not the open file) and loads one member per `get`.
+(`common.files.atomic_open`): a reader never sees half a file, and two writers of one
+path leave one whole file. Reading opens the file lazily in each process (a loader
+worker pickles the path, not the open file) and loads one member per `get`.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import tempfile
 import zipfile
 from collections.abc import Iterable
 
 import numpy as np
+
+from jaxspeech.common import files
 
 MANIFEST = "__manifest__"
 # The manifest's "kind" of a synthesizer's ground-truth-aligned raw log-mel (written by
@@ -35,27 +36,17 @@ def write_frame_store(path: str, frames: Iterable[tuple[str, np.ndarray]], manif
     Raises:
       ValueError: an id given twice, or one that is empty or names the manifest.
     """
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".frames-", suffix=".npz", dir=directory)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     seen: set[str] = set()
-    try:
-        with os.fdopen(fd, "wb") as f, zipfile.ZipFile(f, "w", zipfile.ZIP_STORED) as zf:
-            for utt, array in frames:
-                if not utt or utt == MANIFEST or utt in seen:
-                    raise ValueError(f"frame store {path}: bad or repeated utterance id {utt!r}")
-                seen.add(utt)
-                with zf.open(f"{utt}.npy", "w", force_zip64=True) as member:
-                    np.lib.format.write_array(member, np.asarray(array, DTYPE))
-            with zf.open(f"{MANIFEST}.npy", "w") as member:
-                np.lib.format.write_array(member, np.asarray(json.dumps(manifest, sort_keys=True)))
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 -> what a plain open would give
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    with files.atomic_open(path, "wb") as f, zipfile.ZipFile(f, "w", zipfile.ZIP_STORED) as zf:
+        for utt, array in frames:
+            if not utt or utt == MANIFEST or utt in seen:
+                raise ValueError(f"frame store {path}: bad or repeated utterance id {utt!r}")
+            seen.add(utt)
+            with zf.open(f"{utt}.npy", "w", force_zip64=True) as member:
+                np.lib.format.write_array(member, np.asarray(array, DTYPE))
+        with zf.open(f"{MANIFEST}.npy", "w") as member:
+            np.lib.format.write_array(member, np.asarray(json.dumps(manifest, sort_keys=True)))
     return len(seen)
 
 
