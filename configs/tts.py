@@ -15,13 +15,13 @@ tts_heldout, the corpus's unseen sentences spoken by training speakers
 
 Variants (`--config configs/tts.py:NAME`):
   (default) a demo-sized FastSpeech2: 2 + 2 Conformer blocks of dim 128, 80 log-mel bins
-            of the recognizer's front end; 1350 steps, about 20 minutes on 2 CPU
-            cores (`make demo-tts`).
+            of the recognizer's front end, rotary positions, no dropout; 1,350 steps,
+            22.6 minutes on the 2-core VM of 2026-11-29 (`make demo-tts`).
   tiny      a seconds-long model for tests (tests/tts/test_tts_training.py); quality is not a
             goal, learning is (its mel loss falls, its durations fit).
 
 Expected (`make demo-tts`, 2 CPU cores): `make demo`'s recognizer reads the Griffin-Lim
-speech of tts_heldout at about 18% CER, the recordings at about 12% (ratio ~1.5, goal
+speech of tts_heldout at about 16.5% CER, the recordings at about 12% (ratio ~1.4, goal
 <= 2). Every measured figure, with command, commit and device: docs/results/tts.md.
 """
 
@@ -48,10 +48,18 @@ def get_config(arg: str | None = None) -> ConfigDict:
     c.tts.model.encoder_layers = 2
     c.tts.model.decoder_layers = 2
     c.tts.model.variance_channels = 128
-    # Training within ~20 minutes on 2 CPU cores: 0.77 s a step once compiled (1.31 steps/s,
-    # 7 logging windows of 5 steps of this config on a 0.2 h demo corpus), plus ~135 s of
-    # start-up, 6 step compilations (88 s), samples and the final evaluation (~10 s):
-    # (1200 - 135) / 0.77 = 1383 steps, rounded down.
+    # The step's cost on 2 cores is the decoder over the frames. Rotary positions (no
+    # (B, H, T, T) position scores nor their shift) and no dropout (1,350 steps are 2.5
+    # epochs: nothing to overfit yet, and the dropout masks' random bits cost a quarter of
+    # the step): the gradient of the largest batch (14 x 4.5 s) takes 0.62x the time of
+    # relative positions with dropout 0.1, 0.72x for a middle one (benchmarks/tts_step.py).
+    # It also fits better: tts_heldout mel L1 0.235 against 0.251, Griffin-Lim's CER 16.5%
+    # against 18.1% (docs/results/tts.md, "The synthesizer's step").
+    c.tts.model.pos_enc = "rope"
+    c.tts.model.dropout = 0.0
+    # 1,350 steps: 22.6 minutes in all on 2026-11-29's VM (0.86-0.94 s a step, ~100 s of
+    # start-up and 6 step compilations). 1,000 steps took 17.9 and fitted worse: mel L1
+    # 0.256, Griffin-Lim's CER 17.8%.
     c.train.num_steps = 1350
     if variant == "tiny":
         c.data.eval_split = "dev"

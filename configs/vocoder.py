@@ -74,9 +74,10 @@ def get_config(arg: str | None = None) -> ConfigDict:
         # 2e-3 or 8e-3 on the cosine, a linear-STFT magnitude loss, a consistency loss on
         # the predicted spectrum or 16 segments a step fitted no better (2026-11-29,
         # docs/results/tts.md, "Vocos"). With the synthesizer's teacher-forced frames of
-        # half the train utterances (make demo-tts), 3,000 steps: CER 17.9%, DNSMOS OVRL
-        # 2.88 (Griffin-Lim 18.1%, 2.89); another half 18.05%, 2.92; 2,000 steps 18.3%,
-        # 2.96: all within noise ("Ground-truth-aligned frames").
+        # half the train utterances (make demo-tts), 3,000 steps, through the synthesizer
+        # of 2026-11-29: CER 16.50%, DNSMOS OVRL 2.97 (Griffin-Lim 16.52%, 2.87); 2,500
+        # steps behind a synthesizer of 1,000 steps: 18.1%, 2.84 (Griffin-Lim 17.8%, 2.86)
+        # ("The synthesizer's step"; before it, "Ground-truth-aligned frames").
         c.vocoder.generator = "vocos"
         c.vocoder.vocos_dim = 128  # vocos.DEMO_GENERATOR
         c.vocoder.vocos_intermediate_dim = 384

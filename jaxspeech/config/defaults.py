@@ -364,10 +364,9 @@ def _distill(c: ConfigDict) -> None:
 
 
 def _tts(c: ConfigDict) -> None:
-    # config.task = "tts": FastSpeech2 (jaxspeech/tts/model.py) on the phonemes and phoneme
-    # ends of the records (data_prep --require_phonemes), one speaker embedding per train
-    # speaker; its targets are the recognizer's features (config.features, normalized by
-    # the train split's statistics). data.max_tokens_per_second pads the phonemes.
+    # config.task = "tts": FastSpeech2 (jaxspeech/tts/model.py) on the records' phonemes and
+    # their ends (data_prep --require_phonemes), an embedding per train speaker; targets: the
+    # recognizer's features, normalized by the train split's. data.max_tokens_per_second.
     c.tts = ConfigDict()  # the synthesizer (config.task = "tts"; jaxspeech.tts.task)
     c.tts.model = ConfigDict()  # FastSpeech2's arguments; the defaults are its own
     c.tts.model.dim = 256  # model width of the encoder, decoder and embeddings
@@ -380,6 +379,7 @@ def _tts(c: ConfigDict) -> None:
     c.tts.model.variance_kernel = 3  # their convolutions (odd)
     c.tts.model.embed_kernel = 9  # the pitch and energy embeddings' convolution (odd)
     c.tts.model.dropout = 0.1  # ESPnet's FastSpeech2 uses 0.1-0.2
+    c.tts.model.pos_enc = "rel"  # attention positions: "rel" (Transformer-XL) | "rope" (rotary)
     c.tts.dtype = "float32"  # compute: float32 | bfloat16 (parameters stay float32)
     c.tts.loss = ConfigDict()  # the weights of jaxspeech.tts.losses.fastspeech2_loss's parts
     c.tts.loss.mel_weight = 1.0  # mel L1 (normalized features)

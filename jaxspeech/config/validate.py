@@ -65,6 +65,7 @@ CHOICES: dict[str, tuple] = {
     "model.dtype": tuple(DTYPES),
     "model.conformer.remat": tuple(REMAT_POLICIES),
     "model.conformer.pos_enc": attention_ops.POSITION_ENCODINGS,
+    "tts.model.pos_enc": attention_ops.POSITION_ENCODINGS,
     "model.conformer.attention": attention_ops.ATTENTION_IMPLS,
     "model.conformer.subsampling_factor": SUBSAMPLING_FACTORS,
     "model.transducer.predictor": PREDICTORS,
@@ -450,11 +451,17 @@ def _tts(c: ConfigDict, report: Report) -> None:
     """task=tts: the synthesizer's settings and what it needs of the shared ones: log-mel
     targets, all-reduce learners, no pipeline stages."""
     _choice(c, "tts.dtype", report)
+    _choice(c, "tts.model.pos_enc", report)
     if ranges.check(c, under("tts."), report):
         m = c.tts.model
         if m.dim % m.num_heads:
             heads = m.num_heads
             report(f"tts.model.dim must be a multiple of tts.model.num_heads={heads}, got {m.dim}")
+        elif m.pos_enc == "rope" and (m.dim // m.num_heads) % 2:
+            report(
+                f"tts.model.pos_enc=rope needs an even head dim (dim / num_heads), got "
+                f"{m.dim} / {m.num_heads} = {m.dim // m.num_heads}"
+            )
         for name in ("conv_kernel", "variance_kernel", "embed_kernel"):
             if m[name] % 2 == 0:  # 'same' padding of an even kernel shifts the sequence
                 report(f"tts.model.{name} must be odd (a centred convolution), got {m[name]}")

@@ -197,6 +197,11 @@ MISTAKES = [
         [("task", "tts"), ("tts.model.num_heads", 3)],
         "tts.model.dim must be a multiple of tts.model.num_heads=3, got 32",
     ),
+    ([("task", "tts"), ("tts.model.pos_enc", "abs")], "tts.model.pos_enc: unknown pos_enc 'abs'"),
+    (
+        [("task", "tts"), ("tts.model.num_heads", 32)],
+        "tts.model.pos_enc=rope needs an even head dim (dim / num_heads), got 32 / 32 = 1",
+    ),
 ]
 
 

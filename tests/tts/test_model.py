@@ -20,7 +20,7 @@ from jaxspeech.tts.model import FastSpeech2, durations_from_log
 B, N, EXTRA_PAD, T, MELS, VOCAB, SPEAKERS = 8, 6, 4, 32, 16, 12, 3
 
 
-def _model(seed: int = 0) -> FastSpeech2:
+def _model(seed: int = 0, pos_enc: str = "rel") -> FastSpeech2:
     model = FastSpeech2(
         vocab_size=VOCAB,
         num_speakers=SPEAKERS,
@@ -35,6 +35,7 @@ def _model(seed: int = 0) -> FastSpeech2:
         variance_kernel=3,
         embed_kernel=3,
         dropout=0.1,
+        pos_enc=pos_enc,
         rngs=nnx.Rngs(seed),
     )
     # Untrained durations are ~exp(0) - 1 = 0 frames (clipped to 1): start the duration
@@ -127,6 +128,19 @@ def test_padding_tokens_change_no_valid_output(outputs):
         assert np.all(durations_p[:, N:] == 0)
         np.testing.assert_array_equal(mask_p, frame_mask)
         np.testing.assert_allclose(mel_p, mel, atol=1e-5)
+
+
+def test_rotary_positions_keep_shapes_masks_and_padding_invariance():
+    """pos_enc="rope" (configs/tts.py's): the same contract as the relative positions'."""
+    model, batch = _model(pos_enc="rope"), _batch()
+    assert model.encoder[0].attn.__class__.__name__ == "RotaryAttention"
+    runs = [_forward_and_synthesize(model, b, jnp.float32(1.0), T) for b in (batch, _padded(batch))]
+    (pred, synth), (pred_pad, synth_pad) = jax.tree.map(np.asarray, runs)
+    np.testing.assert_array_equal(pred["frame_mask"], pred_pad["frame_mask"])
+    assert np.all(pred["mel"][~pred["frame_mask"]] == 0.0) and np.all(np.isfinite(pred["mel"]))
+    np.testing.assert_allclose(pred_pad["mel"], pred["mel"], atol=1e-5)
+    np.testing.assert_allclose(synth_pad[0], synth[0], atol=1e-5)
+    np.testing.assert_array_equal(synth_pad[2][:, :N], synth[2])
 
 
 def test_synthesize_durations_follow_the_scale(outputs):
