@@ -16,7 +16,6 @@ import argparse
 import itertools
 import os
 import sys
-import time
 
 import jax
 import numpy as np
@@ -26,7 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:  # `benchmarks.lib` and `configs` from this checkout
     sys.path.insert(0, ROOT)
 
-from benchmarks.lib import environment, results  # noqa: E402
+from benchmarks.lib import environment, results, timing  # noqa: E402
 from configs import tts as tts_config  # noqa: E402
 from jaxspeech.config import build  # noqa: E402
 from jaxspeech.tts.loading import model_arguments  # noqa: E402
@@ -91,14 +90,8 @@ def run_shape(shape: tuple, rounds: int) -> dict:
         def call(fn=fn, p=params, v=model_vars, b=batch) -> None:
             jax.block_until_ready(fn(p, v, b, jax.random.key(next(seeds))))
 
-        call()  # compiles
         calls[(pos_enc, dropout)] = call
-    times = {v: [] for v in VARIANTS}
-    for _ in range(rounds):
-        for v, call in calls.items():
-            t0 = time.perf_counter()
-            call()
-            times[v].append(time.perf_counter() - t0)
+    times = timing.interleaved_times(calls, rounds)  # the first call of each compiles it
     return {
         "rows": shape[0],
         "seconds": shape[1],

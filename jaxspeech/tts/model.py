@@ -6,7 +6,8 @@ mask) -> linear projection to the mel bins. The encoder and decoder are the reco
 Conformer blocks (`jaxspeech.models.conformer.ConformerBlock`), as ESPnet's FastSpeech2
 offers a Conformer encoder and decoder; `pos_enc` picks their attention's positions:
 Transformer-XL relative ("rel", the default) or rotary ("rope": no (B, H, T, T) position
-scores or shift, so a step over the frames costs about a quarter less on a CPU).
+scores or shift; without dropout a training step of the demo's model took 8-19% less on a
+2-core CPU, benchmarks/tts_step.py).
 
 Pitch and energy are predicted per token (FastPitch; ESPnet's token-averaged variant):
 their targets are `length_regulator.token_average` of normalized frame-level values.
