@@ -183,9 +183,9 @@ class Dnsmos:
 
     Args:
       threads: onnxruntime's intra-op threads per network run; default: the CPUs, up to 4.
-        The TTS evaluation scores one utterance at a time, so the other cores would idle:
-        on the 2-core VM a 3 s utterance took 0.85 s with two threads, 1.40 s with one
-        (the same scores), 53 s of the evaluation's 7 min.
+        On the 2-core VM a 3 s utterance took 0.85 s with two threads, 1.40 s with one
+        (the same scores). The TTS evaluation, which scores in a thread beside its other
+        work, gives it one core fewer than the machine has.
     """
 
     def __init__(self, threads: int | None = None):

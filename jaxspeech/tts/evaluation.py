@@ -18,7 +18,8 @@ HiFi-GAN's beside them under "hifigan", and each kept sample is written for both
 DNSMOS (`metrics.mos`: P.835 SIG / BAK / OVRL and P.808, estimates of a listening test's
 MOS that need no reference) scores the predicted-duration speech of each vocoder and the
 recordings themselves (under "real") for each split's first `mos_utterances` utterances
-(`MOS_UTTERANCES` by default; about 2-3 s of one CPU core per utterance and system).
+(`MOS_UTTERANCES` by default; about 1.4 s of one CPU core per utterance and system, in a
+thread of its own beside the rest of the evaluation).
 
 A synthesizer speaks only its training voices and phonemes: an utterance whose speaker or
 phonemes are not in the run's tables (RUN/assets) is skipped and counted with its reason,
@@ -42,6 +43,7 @@ import dataclasses
 import io
 import os
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import jax
 import numpy as np
@@ -79,10 +81,10 @@ SAMPLES_DIR = "samples"  # RUN/eval/samples/
 SAMPLES = 4  # utterances per split kept as WAV files and in TensorBoard
 ROWS = 8  # utterances synthesized at once (rounded up to a multiple of the batch shards)
 CHUNK = 64  # records read, synthesized and scored at a time (bounds the host memory)
-# Utterances per split scored by DNSMOS. Each costs 2-3 s of one CPU core for the
-# recording and for each vocoder (a 2-4 s utterance is doubled to 9-16 s: 5-7 windows of
-# 0.4 s), so 32 add about 4 minutes to `make demo-tts` (recordings, Griffin-Lim, HiFi-GAN)
-# where all 96 would add 12; every system is scored on the same 32 sentences.
+# Utterances per split scored by DNSMOS. Each costs about 1.4 s of one CPU core for the
+# recording and for each vocoder (a 2-4 s utterance is repeated to 9-16 s: 2-7 windows),
+# so 32 are about 2 minutes of one core in `make demo-tts` (recordings, Griffin-Lim, the
+# Vocos), scored beside the rest; every system is scored on the same 32 sentences.
 MOS_UTTERANCES = 32
 # The summary's values that go to TensorBoard (RUN/tensorboard, as synthesis/<split>/<key>).
 SCALARS = (*tts_scores.MEASURES, "cer_synthesized", "cer_real", "wer_synthesized", "wer_real")
@@ -274,6 +276,10 @@ class SplitEvaluation:
             self.neural = NeuralVocoder(vocoder_run, self.synthesize.frames_n)
         self.rows: list[dict] = []
         self.skipped: list[dict] = []
+        # DNSMOS jobs in flight: (the row, where its scores go: None for the row itself,
+        # "real" or NEURAL, the job); `run_all` collects them.
+        self.mos_jobs: list[tuple[dict, str | None, Future]] = []
+        self.mos_pool: ThreadPoolExecutor | None = None
         self.counts = {"synthesized": ErrorCounts(), "real": ErrorCounts()}
         if self.neural is not None:
             self.counts[NEURAL] = ErrorCounts()  # HiFi-GAN's synthesized speech
@@ -281,14 +287,37 @@ class SplitEvaluation:
     def run_all(self) -> dict:
         """Every record of the split's first `count`, `CHUNK` at a time -> `result`."""
         t0 = time.time()
-        for start in range(0, self.count, CHUNK):
-            positions = range(start, min(start + CHUNK, self.count))
-            utts, skipped = read_utterances(
-                self.index, positions, self.run.assets, self.cfg.hop_length
-            )
-            self.skipped += skipped
-            self._chunk(utts)
+        # DNSMOS scores in a thread of its own: onnxruntime lets go of the GIL, so its
+        # networks run while this thread vocodes and analyses the next utterances (numpy,
+        # librosa's pYIN: one core). On the 2-core VM that hid most of its ~1 s an utterance
+        # and system behind the rest of `make demo-tts`'s evaluation.
+        self.mos_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dnsmos")
+        try:
+            for start in range(0, self.count, CHUNK):
+                positions = range(start, min(start + CHUNK, self.count))
+                utts, skipped = read_utterances(
+                    self.index, positions, self.run.assets, self.cfg.hop_length
+                )
+                self.skipped += skipped
+                self._chunk(utts)
+            self._collect_mos()
+        finally:  # an error: the jobs not started are dropped, not waited for
+            self.mos_pool.shutdown(wait=False, cancel_futures=True)
         return self.result(time.time() - t0)
+
+    def _score_mos(self, row: dict, where: str | None, wave: np.ndarray) -> None:
+        """DNSMOS of (S,) `wave` queued for `row` (`where`: None, "real" or NEURAL)."""
+        job = self.mos_pool.submit(tts_scores.dnsmos_scores, self.mos, wave, self.cfg.sample_rate)
+        self.mos_jobs.append((row, where, job))
+
+    def _collect_mos(self) -> None:
+        """The queued DNSMOS scores, waited for and written into their rows."""
+        for row, where, job in self.mos_jobs:
+            if where == "real":  # the recordings' own, the level the synthesizers aim at
+                row["real"] = job.result()
+            else:
+                tts_scores.add_dnsmos(row if where is None else row[where], job.result())
+        self.mos_jobs = []
 
     def _chunk(self, utts: list[Utterance]) -> None:
         """Synthesize, vocode (Griffin-Lim, and HiFi-GAN when given) and score `utts`;
@@ -309,17 +338,20 @@ class SplitEvaluation:
                 "synthesized_seconds": round(len(predicted) / sr, 3),
                 "truncated": truncated,
             }
-            mos = self.mos if len(self.rows) < self.mos_utterances else None
+            mos = self.mos is not None and len(self.rows) < self.mos_utterances
             ref = Reference(u.audio, sr)  # the recording analysed once for every vocoder
-            row |= tts_scores.score_utterance(ref, predicted, aligned, sr, mos)
-            if mos is not None:  # the recordings' own, the level the synthesizers aim at
-                row["real"] = tts_scores.dnsmos_scores(mos, u.audio, sr)
+            row |= tts_scores.score_utterance(ref, predicted, aligned, sr)
+            if mos:
+                self._score_mos(row, None, predicted)
+                self._score_mos(row, "real", u.audio)
             if neural:
                 n_predicted, n_aligned = neural[i]
                 neural_waves.append(n_predicted)
                 row[NEURAL] = tts_scores.score_utterance(
-                    ref, n_predicted, n_aligned[: len(u.audio)], sr, mos
+                    ref, n_predicted, n_aligned[: len(u.audio)], sr
                 )
+                if mos:
+                    self._score_mos(row, NEURAL, n_predicted)
             self.rows.append(row)
             predicted_waves.append(predicted)
             if len(self.rows) <= SAMPLES:
@@ -499,7 +531,9 @@ def evaluate_tts_splits(
             vocoder_run = load_checked_vocoder(vocoder_workdir, features_cfg, workdir)
         with rules.axis_rules(build.rules_from_config(config)):
             run = load_tts_run(workdir, step=step, config=config)
-        mos = Dnsmos() if mos_n else None  # its two networks, loaded once
+        # Its two networks, loaded once; its runs' threads leave one core to the
+        # evaluation's own thread, which works beside them (`SplitEvaluation.run_all`).
+        mos = Dnsmos(threads=max(1, min((os.cpu_count() or 2) - 1, 4))) if mos_n else None
     except (FileNotFoundError, ValueError, ckpt_lib.CheckpointError) as e:
         raise UserError(str(e)) from e
     recognizer = None

@@ -15,7 +15,9 @@ that compares time-aligned signals is taken on the aligned one:
   speech;
 - dnsmos_sig, dnsmos_bak, dnsmos_ovrl, dnsmos_p808: DNSMOS P.835 and P.808 estimates of a
   listening test's MOS (`metrics.mos`, 1-5) of the predicted speech alone (no reference:
-  the recordings are scored the same way, `dnsmos_scores`), when a scorer is given.
+  the recordings are scored the same way), None in `score_utterance`'s row until
+  `dnsmos_scores` of the same speech is added to it (`add_dnsmos`): the evaluation scores
+  DNSMOS in a thread of its own.
 
 A measure that cannot be taken (PESQ finds no speech in the reference, a reference with
 no voiced frame for F0) is None, with the reason in the row's "unscored".
@@ -87,17 +89,26 @@ def dnsmos_scores(scorer: Dnsmos, wave: np.ndarray, sample_rate: int) -> dict:
     return {f"dnsmos_{k}": _finite(getattr(s, k)) for k in ("sig", "bak", "ovrl", "p808")}
 
 
+def add_dnsmos(row: dict, scores: dict) -> None:
+    """`dnsmos_scores`' dict written into a `score_utterance` row (in place), its
+    "unscored" reason beside the row's."""
+    scores = dict(scores)
+    unscored = scores.pop("unscored", {})
+    row.update(scores)
+    if unscored:  # a new dict: a row copied from another shares its "unscored"
+        row["unscored"] = row.get("unscored", {}) | unscored
+
+
 def score_utterance(
     ref: np.ndarray | Reference,
     predicted: np.ndarray,
     aligned: np.ndarray,
     sample_rate: int,
-    mos: Dnsmos | None = None,
 ) -> dict:
     """The measures of the module docstring for one utterance: (S,) reference, (S1,)
     predicted and (S2,) aligned synthesized waveforms -> {measure: value or None} plus
     "unscored": {measure: why} for those that could not be taken. The DNSMOS measures
-    are None without a `mos` scorer (not asked for: not in "unscored").
+    are None (not asked for: not in "unscored"); `add_dnsmos` fills them.
 
     `ref` as a `metrics.speech.Reference` (at `sample_rate`): its mel cepstrum and F0,
     once computed, serve every vocoder scored against it."""
@@ -107,10 +118,6 @@ def score_utterance(
         raise ValueError(f"reference at {ref.sample_rate} Hz, synthesized speech at {sample_rate}")
     out: dict = {k: None for k in MEASURES}
     unscored: dict[str, str] = {}
-    if mos is not None:
-        scores = dnsmos_scores(mos, predicted, sample_rate)
-        unscored |= scores.pop("unscored", {})
-        out |= scores
     try:
         out["mcd_db"] = _finite(mcd_dtw_against(ref, predicted))
     except ValueError as e:

@@ -174,6 +174,16 @@ def test_the_vocoder_floor_scores_well():
     assert bad["f0_rmse_hz"] is None and "f0_rmse_hz" in bad["unscored"]
     with pytest.raises(ValueError, match="reference at 16000 Hz"):
         tts_scores.score_utterance(reference, noise, noise, 22050)
+    # DNSMOS is scored apart (in the evaluation's own thread) and added to the row: its
+    # values fill the row's None, its reason joins the row's other ones.
+    row = dict(bad)
+    tts_scores.add_dnsmos(row, dict.fromkeys(tts_scores.DNSMOS, 3.0))
+    assert row == bad | dict.fromkeys(tts_scores.DNSMOS, 3.0)
+    unscorable = dict.fromkeys(tts_scores.DNSMOS) | {"unscored": {"dnsmos": "empty"}}
+    tts_scores.add_dnsmos(row, unscorable)
+    assert row["unscored"] == bad["unscored"] | {"dnsmos": "empty"}
+    assert all(row[k] is None for k in tts_scores.DNSMOS)
+    assert "dnsmos" not in bad["unscored"]  # the row added to is a copy: bad's own is kept
 
 
 # ---------------------------------------------------------------- the recognizer on waves
