@@ -24,6 +24,7 @@ from configs import tts, vocoder
 from jaxspeech.audio.features import LogMelConfig
 from jaxspeech.common.errors import UserError
 from jaxspeech.config import validate
+from jaxspeech.metrics.mos import Dnsmos
 from jaxspeech.vocoder.inference import check_vocoder_run
 from tests.e2e.cli import run_module, session_overrides
 
@@ -113,6 +114,14 @@ def test_the_synthesizer_evaluation_scores_both_vocoders(
     samples = sorted(glob.glob(str(run / "eval" / "samples" / "*.wav")))
     neural = [s for s in samples if s.endswith("-hifigan.wav")]
     assert len(neural) == 2 and len(samples) == 4
+    # DNSMOS is scored in a thread of its own and written back into the rows: each
+    # vocoder's row holds the score of its own speech, as a scorer of the kept sample (the
+    # same speech as 16-bit PCM) finds it.
+    scorer, (scored_row,) = Dnsmos(), [r for r in rows if "real" in r]
+    for row, suffix in ((scored_row, ""), (scored_row["hifigan"], "-hifigan")):
+        (path,) = [s for s in samples if s.endswith(f"{scored_row['id']}{suffix}.wav")]
+        wave, sr = sf.read(path, dtype="float32")
+        assert abs(scorer.score(wave, sr).ovrl - row["dnsmos_ovrl"]) < 0.01, (path, row)
 
 
 def test_a_vocoder_of_another_front_end_is_refused_in_one_line(vocoder_tiny_run):
