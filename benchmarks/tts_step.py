@@ -1,12 +1,15 @@
-"""The synthesizer's training step: attention positions and dropout, side by side.
+"""The synthesizer's training step: attention positions, dropout and the decoder's
+reduction factor, side by side.
 
 `python benchmarks/tts_step.py [--quick]` times the gradient of FastSpeech2's training
 objective (`jaxspeech.tts.objective.make_tts_grads_fn`: the targets from the waveform, the
 teacher-forced forward, the losses, the backward) at configs/tts.py's model size, for
 each combination of `tts.model.pos_enc` ("rel", "rope") and `tts.model.dropout` (0.1,
-0), on synthetic batches of the demo's largest and middle bucket shapes. The variants are
-timed in interleaved rounds (one call of each per round), so a machine whose speed drifts
-during the run (a shared VM) slows them alike; each figure is the median over the rounds.
+0) at one frame a decoder position, and for rotary positions without dropout at two
+(`tts.model.reduction` 2, configs/tts.py's), on synthetic batches of the demo's largest and
+middle bucket shapes. The variants are timed in interleaved rounds (one call of each per
+round), so a machine whose speed drifts during the run (a shared VM) slows them alike;
+each figure is the median over the rounds.
 Prints a table and writes `benchmarks/results/tts_step.json`.
 """
 
@@ -37,7 +40,9 @@ PHONEMES, SPEAKERS = 140, 48  # the demo corpus's tables
 # (rows, seconds, phonemes): the demo's largest bucket and a middle one (configs/tts.py's
 # buckets at data.batch_seconds; the phonemes at its data.max_tokens_per_second).
 SHAPES = [(14, 4.5, 135), (23, 2.75, 83)]
-VARIANTS = list(itertools.product(("rel", "rope"), (0.1, 0.0)))
+# (pos_enc, dropout, reduction)
+VARIANTS = [(p, d, 1) for p, d in itertools.product(("rel", "rope"), (0.1, 0.0))]
+VARIANTS.append(("rope", 0.0, 2))
 
 
 def synthetic_batch(rows: int, seconds: float, phonemes: int, hop: int, seed: int = 0) -> dict:
@@ -63,10 +68,11 @@ def synthetic_batch(rows: int, seconds: float, phonemes: int, hop: int, seed: in
     }
 
 
-def step_fn(pos_enc: str, dropout: float):
+def step_fn(pos_enc: str, dropout: float, reduction: int):
     """(jitted (params, model_vars, batch, key) -> gradients, params, model_vars)."""
     config = tts_config.get_config()
     config.tts.model.pos_enc, config.tts.model.dropout = pos_enc, dropout
+    config.tts.model.reduction = reduction
     cfg = build.feature_config(config)
     model = FastSpeech2(**model_arguments(config, PHONEMES, SPEAKERS), rngs=nnx.Rngs(0))
     graphdef, params = nnx.split(model, nnx.Param)
@@ -83,22 +89,27 @@ def step_fn(pos_enc: str, dropout: float):
 def run_shape(shape: tuple, rounds: int) -> dict:
     """Median seconds per variant for one batch shape, timed in interleaved rounds."""
     calls, seeds = {}, itertools.count()  # a new dropout key for every call
-    for pos_enc, dropout in VARIANTS:
-        fn, params, model_vars, hop = step_fn(pos_enc, dropout)
+    for variant in VARIANTS:
+        fn, params, model_vars, hop = step_fn(*variant)
         batch = synthetic_batch(*shape, hop=hop)
 
         def call(fn=fn, p=params, v=model_vars, b=batch) -> None:
             jax.block_until_ready(fn(p, v, b, jax.random.key(next(seeds))))
 
-        calls[(pos_enc, dropout)] = call
+        calls[variant] = call
     times = timing.interleaved_times(calls, rounds)  # the first call of each compiles it
     return {
         "rows": shape[0],
         "seconds": shape[1],
         "phonemes": shape[2],
         "variants": [
-            {"pos_enc": p, "dropout": d, "median_s": round(float(np.median(times[(p, d)])), 4)}
-            for p, d in VARIANTS
+            {
+                "pos_enc": p,
+                "dropout": d,
+                "reduction": r,
+                "median_s": round(float(np.median(times[(p, d, r)])), 4),
+            }
+            for p, d, r in VARIANTS
         ],
     }
 
@@ -109,7 +120,7 @@ def main() -> None:
     args = ap.parse_args()
     shapes, rounds = (SHAPES[:1], 3) if args.quick else (SHAPES, 8)
     rows = [run_shape(s, rounds) for s in shapes]
-    print("| batch | " + " | ".join(f"{p}, dropout {d}" for p, d in VARIANTS) + " |")
+    print("| batch | " + " | ".join(f"{p}, dropout {d}, r {r}" for p, d, r in VARIANTS) + " |")
     print("|" + "---|" * (len(VARIANTS) + 1))
     for r in rows:
         base = r["variants"][0]["median_s"]

@@ -57,6 +57,14 @@ def get_config(arg: str | None = None) -> ConfigDict:
     # against 18.1% (docs/results/tts.md, "The synthesizer's step").
     c.tts.model.pos_enc = "rope"
     c.tts.model.dropout = 0.0
+    # The decoder over pairs of frames (Tacotron's reduction factor r = 2; ESPnet's
+    # FastSpeech2 offers it too): half the positions, a quarter of the attention scores.
+    # The gradient of the largest batch takes 0.64x the time of r = 1, a middle one's 0.72x
+    # (benchmarks/tts_step.py). At the same 1,350 steps it fits the frames a little worse
+    # (tts_heldout mel L1 0.244 against 0.235, MCD-DTW 25.0 against 23.9 dB), yet the
+    # recognizer reads its speech better: Griffin-Lim's CER 14.8% against 16.5%, Vocos's
+    # 15.0% against 16.5% (docs/results/tts.md, "Two frames a decoder position").
+    c.tts.model.reduction = 2
     # 1,350 steps: 22.6 minutes in all on 2026-11-29's VM (0.86-0.94 s a step, ~100 s of
     # start-up and 6 step compilations). 1,000 steps took 17.9 and fitted worse: mel L1
     # 0.256, Griffin-Lim's CER 17.8%. A feed-forward of 2 x dim, or one decoder block for

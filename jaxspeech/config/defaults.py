@@ -380,6 +380,7 @@ def _tts(c: ConfigDict) -> None:
     c.tts.model.embed_kernel = 9  # the pitch and energy embeddings' convolution (odd)
     c.tts.model.dropout = 0.1  # ESPnet's FastSpeech2 uses 0.1-0.2
     c.tts.model.pos_enc = "rel"  # attention positions: "rel" (Transformer-XL) | "rope" (rotary)
+    c.tts.model.reduction = 1  # frames per decoder position (Tacotron's r; 1 = every frame)
     c.tts.dtype = "float32"  # compute: float32 | bfloat16 (parameters stay float32)
     c.tts.loss = ConfigDict()  # the weights of jaxspeech.tts.losses.fastspeech2_loss's parts
     c.tts.loss.mel_weight = 1.0  # mel L1 (normalized features)

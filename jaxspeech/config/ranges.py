@@ -118,6 +118,7 @@ RANGES: dict[str, str] = {
     "tts.model.variance_kernel": ">= 1",  # and odd
     "tts.model.embed_kernel": ">= 1",  # and odd
     "tts.model.dropout": "in [0, 1)",
+    "tts.model.reduction": ">= 1",
     "tts.loss.mel_weight": ">= 0",
     "tts.loss.duration_weight": ">= 0",
     "tts.loss.pitch_weight": ">= 0",

@@ -193,6 +193,7 @@ class FastSpeech2(nnx.Module):
         embed_kernel: int = 9,
         dropout: float = 0.1,
         pos_enc: str = "rel",
+        reduction: int = 1,
         dtype: Dtype = jnp.float32,
         rngs: nnx.Rngs,
     ):
@@ -201,6 +202,8 @@ class FastSpeech2(nnx.Module):
         for name, k in (("variance_kernel", variance_kernel), ("embed_kernel", embed_kernel)):
             if k % 2 == 0:  # 'same' padding of an even kernel would shift the sequence
                 raise ValueError(f"{name} must be odd, got {k}")
+        if reduction < 1:
+            raise ValueError(f"reduction must be >= 1, got {reduction}")
         table = logical_init(nnx.initializers.normal(1.0), ("vocab", "embed"))
         self.token_embed = nnx.Param(table(rngs.params(), (vocab_size, dim)))
         self.speaker_embed = nnx.Param(
@@ -225,9 +228,12 @@ class FastSpeech2(nnx.Module):
         # A 1-D conv of the scalar (FastPitch, ESPnet): neighbouring tokens' values shape it.
         self.pitch_embed = Conv1d(1, dim, embed_kernel, (None, "embed"), dtype=dtype, rngs=rngs)
         self.energy_embed = Conv1d(1, dim, embed_kernel, (None, "embed"), dtype=dtype, rngs=rngs)
+        if reduction > 1:  # r frames' vectors side by side -> one decoder position
+            self.reduce = Dense(reduction * dim, dim, ("mlp", "embed"), dtype=dtype, rngs=rngs)
         self.decoder = layer_stack(make, decoder_layers, scan=False, rngs=rngs)
-        self.mel_out = Dense(dim, n_mels, ("embed", "mel"), dtype=dtype, rngs=rngs)
+        self.mel_out = Dense(dim, reduction * n_mels, ("embed", "mel"), dtype=dtype, rngs=rngs)
         self.n_mels = n_mels
+        self.reduction = reduction
         self.dtype = dtype
 
     @property
@@ -292,12 +298,30 @@ class FastSpeech2(nnx.Module):
         h = self.dropout(h, **kw)
         durations = jnp.where(mask_bn, durations_bn, zero(durations_bn))  # padding: no frame
         x, frame_mask, overflow = length_regulator.regulate(h, durations, max_frames)
+        x, mask = self._reduced(x, frame_mask)
         x = constrain(x, ("batch", "time", "embed"))
         for block in self.decoder:
-            x = block(x, frame_mask, **kw)
-        mel = self.mel_out(x).astype(jnp.float32)
+            x = block(x, mask, **kw)
+        mel = self.mel_out(x).astype(jnp.float32)  # (B, T / r, r * M)
+        b, t = frame_mask.shape
+        mel = mel.reshape(b, -1, self.n_mels)[:, :t]
         mel = jnp.where(frame_mask[..., None], mel, zero(mel))
         return constrain(mel, ("batch", "time", "mel")), frame_mask, overflow
+
+    def _reduced(self, x_btd: jax.Array, mask_bt: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """(B, T, D) frames, (B, T) mask -> (B, ceil(T / r), D) decoder positions and their
+        mask: each holds r consecutive frames (concatenated and projected, so the decoder
+        still sees where a phoneme boundary falls inside it); a position is valid if any of
+        its frames is. r = 1: unchanged."""
+        r = self.reduction
+        if r == 1:
+            return x_btd, mask_bt
+        b, t, d = x_btd.shape
+        pad = -t % r
+        x = jnp.pad(x_btd, ((0, 0), (0, pad), (0, 0))).reshape(b, (t + pad) // r, r * d)
+        mask = jnp.pad(mask_bt, ((0, 0), (0, pad))).reshape(b, (t + pad) // r, r).any(-1)
+        x = self.reduce(x)
+        return jnp.where(mask[..., None], x, zero(x)), mask
 
     def __call__(
         self,

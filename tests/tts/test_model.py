@@ -20,7 +20,7 @@ from jaxspeech.tts.model import FastSpeech2, durations_from_log
 B, N, EXTRA_PAD, T, MELS, VOCAB, SPEAKERS = 8, 6, 4, 32, 16, 12, 3
 
 
-def _model(seed: int = 0, pos_enc: str = "rel") -> FastSpeech2:
+def _model(seed: int = 0, pos_enc: str = "rel", reduction: int = 1) -> FastSpeech2:
     model = FastSpeech2(
         vocab_size=VOCAB,
         num_speakers=SPEAKERS,
@@ -36,6 +36,7 @@ def _model(seed: int = 0, pos_enc: str = "rel") -> FastSpeech2:
         embed_kernel=3,
         dropout=0.1,
         pos_enc=pos_enc,
+        reduction=reduction,
         rngs=nnx.Rngs(seed),
     )
     # Untrained durations are ~exp(0) - 1 = 0 frames (clipped to 1): start the duration
@@ -141,6 +142,36 @@ def test_rotary_positions_keep_shapes_masks_and_padding_invariance():
     np.testing.assert_allclose(pred_pad["mel"], pred["mel"], atol=1e-5)
     np.testing.assert_allclose(synth_pad[0], synth[0], atol=1e-5)
     np.testing.assert_array_equal(synth_pad[2][:, :N], synth[2])
+
+
+def test_reduction_decodes_r_frames_a_position_with_the_same_contract():
+    """reduction=2 (configs/tts.py's): the decoder runs over pairs of frames (each pair's two
+    vectors concatenated and projected, numpy's reading of it below) and its projection
+    spreads each position back over two frames; an odd frame count (T - 1) is padded to
+    the pairs and cut back. Shapes, masks and padding invariance as at reduction 1."""
+    model, batch = _model(pos_enc="rope", reduction=2), _batch()
+    t = T - 1
+    runs = [_forward_and_synthesize(model, b, jnp.float32(1.0), t) for b in (batch, _padded(batch))]
+    (pred, synth), (pred_pad, synth_pad) = jax.tree.map(np.asarray, runs)
+    totals = batch["durations"].sum(1)
+    np.testing.assert_array_equal(pred["frame_mask"], np.arange(t)[None] < totals[:, None])
+    assert pred["mel"].shape == (B, t, MELS) and synth[0].shape == (B, t, MELS)
+    assert np.all(pred["mel"][~pred["frame_mask"]] == 0.0) and np.all(np.isfinite(pred["mel"]))
+    np.testing.assert_allclose(pred_pad["mel"], pred["mel"], atol=1e-5)
+    np.testing.assert_allclose(synth_pad[0], synth[0], atol=1e-5)
+
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2, 5, 32)).astype(np.float32)
+    mask = np.arange(5)[None] < np.array([[5], [2]])
+    got, got_mask = model._reduced(jnp.asarray(x), jnp.asarray(mask))
+    pairs = np.concatenate([x, np.zeros((2, 1, 32), np.float32)], 1).reshape(2, 3, 64)
+    kernel, bias = np.asarray(model.reduce.kernel[...]), np.asarray(model.reduce.bias[...])
+    want_mask = np.array([[1, 1, 1], [1, 0, 0]], bool)
+    np.testing.assert_array_equal(np.asarray(got_mask), want_mask)
+    want = np.where(want_mask[..., None], pairs @ kernel + bias, 0.0)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="reduction must be >= 1"):
+        _model(reduction=0)
 
 
 def test_synthesize_durations_follow_the_scale(outputs):
