@@ -365,8 +365,7 @@ def _distill(c: ConfigDict) -> None:
 
 def _tts(c: ConfigDict) -> None:
     # config.task = "tts": FastSpeech2 (jaxspeech/tts/model.py) on the records' phonemes and
-    # their ends (data_prep --require_phonemes; data.max_tokens_per_second pads them), one
-    # speaker embedding each; its targets: config.features, normalized by the train split.
+    # ends (data_prep --require_phonemes), a speaker embedding; targets: config.features.
     c.tts = ConfigDict()  # the synthesizer (config.task = "tts"; jaxspeech.tts.task)
     c.tts.model = ConfigDict()  # FastSpeech2's arguments; the defaults are its own
     c.tts.model.dim = 256  # model width of the encoder, decoder and embeddings
