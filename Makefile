@@ -37,8 +37,8 @@ DEMO_VOCODER_RUN := runs/demo-vocoder
 DEMO_VOCODER_CONFIG ?= configs/vocoder.py
 # The vocoder learns from the synthesizer's own teacher-forced log-mel of this many train
 # utterances (spread over the split; half the 9-hour corpus's 9,450) and from the others'
-# recorded log-mel: the recognizer's CER 16.50% against Griffin-Lim's 16.52% (level),
-# DNSMOS OVRL 2.97 against 2.87 (docs/results/tts.md, "The synthesizer's step"); with the
+# recorded log-mel: the recognizer's CER 14.99% against Griffin-Lim's 14.82% (level),
+# DNSMOS OVRL 2.87 against 2.70 (docs/results/tts.md, "Two frames a decoder position"); with the
 # synthesizer before it, the recordings' log-mel alone and the synthesizer's alone were
 # level with Griffin-Lim too ("Ground-truth-aligned frames"). 0: the recordings' log-mel only.
 DEMO_GTA_UTTERANCES ?= 4725

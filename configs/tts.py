@@ -15,13 +15,14 @@ tts_heldout, the corpus's unseen sentences spoken by training speakers
 
 Variants (`--config configs/tts.py:NAME`):
   (default) a demo-sized FastSpeech2: 2 + 2 Conformer blocks of dim 128, 80 log-mel bins
-            of the recognizer's front end, rotary positions, no dropout; 1,350 steps,
-            22.6 minutes on the 2-core VM of 2026-11-29 (`make demo-tts`).
+            of the recognizer's front end, rotary positions, no dropout, the decoder over
+            pairs of frames; 1,350 steps, 15.4 minutes of training on the 2-core VM of
+            2026-11-30 (`make demo-tts`).
   tiny      a seconds-long model for tests (tests/tts/test_tts_training.py); quality is not a
             goal, learning is (its mel loss falls, its durations fit).
 
 Expected (`make demo-tts`, 2 CPU cores): `make demo`'s recognizer reads the Griffin-Lim
-speech of tts_heldout at about 16.5% CER, the recordings at about 12% (ratio ~1.4, goal
+speech of tts_heldout at about 15% CER, the recordings at about 12% (ratio ~1.3, goal
 <= 2). Every measured figure, with command, commit and device: docs/results/tts.md.
 """
 
@@ -65,9 +66,10 @@ def get_config(arg: str | None = None) -> ConfigDict:
     # recognizer reads its speech better: Griffin-Lim's CER 14.8% against 16.5%, Vocos's
     # 15.0% against 16.5% (docs/results/tts.md, "Two frames a decoder position").
     c.tts.model.reduction = 2
-    # 1,350 steps: 22.6 minutes in all on 2026-11-29's VM (0.86-0.94 s a step, ~100 s of
-    # start-up and 6 step compilations). 1,000 steps took 17.9 and fitted worse: mel L1
-    # 0.256, Griffin-Lim's CER 17.8%. A feed-forward of 2 x dim, or one decoder block for
+    # 1,350 steps: 15.4 minutes of training on 2026-11-30's VM (0.66 s a step on average; at one
+    # frame a position 22.6 minutes on 2026-11-29's, 0.86-0.94 s a step, a VM about 12%
+    # slower by benchmarks/tts_step.py). At r = 1, 1,000 steps took 17.9 and fitted worse:
+    # mel L1 0.256, Griffin-Lim's CER 17.8%. A feed-forward of 2 x dim, or one decoder block for
     # 1,700 steps, took as long and fitted worse too: mel L1 0.245, 0.241 ("A smaller
     # synthesizer for the same minutes").
     c.train.num_steps = 1350

@@ -75,7 +75,8 @@ def get_config(arg: str | None = None) -> ConfigDict:
         # the predicted spectrum or 16 segments a step fitted no better (2026-11-29,
         # docs/results/tts.md, "Vocos"). With the synthesizer's teacher-forced frames of
         # half the train utterances (make demo-tts), 3,000 steps, through the synthesizer
-        # of 2026-11-29: CER 16.50%, DNSMOS OVRL 2.97 (Griffin-Lim 16.52%, 2.87); 2,500
+        # of 2026-11-29: CER 16.50%, DNSMOS OVRL 2.97 (Griffin-Lim 16.52%, 2.87); through
+        # 2026-11-30's (two frames a decoder position): 14.99%, 2.87 (14.82%, 2.70); 2,500
         # steps behind a synthesizer of 1,000 steps: 18.1%, 2.84 (Griffin-Lim 17.8%, 2.86)
         # ("The synthesizer's step"; before it, "Ground-truth-aligned frames").
         c.vocoder.generator = "vocos"
