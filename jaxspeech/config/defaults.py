@@ -406,6 +406,7 @@ def _vocoder(c: ConfigDict) -> None:
     c.vocoder.vocos_dim = 512  # vocos: channels (Vocos's base 512 / 1536 / 8: 13.5 M parameters)
     c.vocoder.vocos_intermediate_dim = 1536  # vocos: the ConvNeXt blocks' MLP width
     c.vocoder.vocos_layers = 8  # vocos: ConvNeXt blocks (its n_fft: 4 x features.hop_length)
+    c.vocoder.vocos_mel_prior = False  # vocos: FreeV's pseudo-inverse magnitude + a residual
     c.vocoder.discriminator = "paper"  # MPD + MSD, 70.7 M parameters; "demo" 0.33 M; "tiny"
     c.vocoder.dtype = "float32"  # compute: float32 | bfloat16 (parameters stay float32)
     c.vocoder.mel_weight = 45.0  # the generator's loss: 45 x log-mel L1 (the paper's) ...
@@ -426,8 +427,7 @@ def _train(c: ConfigDict) -> None:
     c.train.run_steps = 0  # >0: stop this invocation after that many steps (then resume)
     c.train.log_every = 25  # steps between progress lines and metric writes
     c.train.checkpoint_every = 200  # steps (0 = off); also saved at the end and on SIGTERM
-    # ... and at least this often (minutes): the most work a kill can cost. 10 minutes of a
-    # 1000-device job is worth more than the few seconds a save blocks the step.
+    # ... and at least this often (minutes): the most work a kill can cost (of 1000 devices)
     c.train.checkpoint_minutes = 10.0
     c.train.keep_checkpoints = 2  # the latest ones ...
     c.train.keep_best = 1  # ... plus this many with the lowest eval WER

@@ -71,17 +71,33 @@ def generator_arguments(config: ConfigDict) -> dict:
         "dtype": DTYPES[build.compute_dtype(config)],
     }
     if generator_kind(config) == "vocos":
-        return common | {
+        out = common | {
             "dim": int(v.vocos_dim),
             "intermediate_dim": int(v.vocos_intermediate_dim),
             "layers": int(v.vocos_layers),
             "hop": int(config.features.hop_length),
         }
+        if defaults.lookup(config, "vocoder.vocos_mel_prior"):
+            out["mel_prior"] = mel_prior_arguments(build.feature_config(config))
+        return out
     k = int(v.resblocks)
     return common | {
         "channels": int(v.generator_channels),
         "resblock_kernels": RESBLOCK_KERNELS[:k],
         "resblock_dilations": ((1, 3, 5),) * k,
+    }
+
+
+def mel_prior_arguments(cfg: LogMelConfig) -> dict:
+    """The front end's settings Vocos's magnitude prior inverts (`vocos.prior_basis`)."""
+    return {
+        "sample_rate": int(cfg.sample_rate),
+        "n_fft": int(cfg.n_fft),
+        "win_length": int(cfg.win_length),
+        "n_mels": int(cfg.num_mel_bins),
+        "fmin": float(cfg.fmin),
+        "fmax": float(cfg.fmax),
+        "log_floor": float(cfg.log_floor),
     }
 
 

@@ -44,6 +44,7 @@ EXEMPT = {
     "sync.nesterov": "a bool: both values are valid",
     "sync.gossip_overlap": "a bool: both values are valid",
     "decoding.length_norm": "a bool: both values are valid",
+    "vocoder.vocos_mel_prior": "a bool: both values are valid",
 }
 
 # key or key prefix -> [(bad value, what its line says)]: keys whose type does not say

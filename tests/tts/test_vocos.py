@@ -1,6 +1,8 @@
-"""Vocos's generator (jaxspeech/vocoder/vocos.py): its inverse STFT against librosa's, the
-generator's output contract and padding invariance, and how config.vocoder.generator picks
-the class (a run saved before the key is HiFi-GAN's; an unknown name is one line).
+"""Vocos's generator (jaxspeech/vocoder/vocos.py): its inverse STFT against librosa's, its
+magnitude prior against the filterbank and librosa's STFT, the generator's output contract
+and padding invariance, and how config.vocoder.generator picks the class (a run saved
+before the key is HiFi-GAN's, one before vocos_mel_prior has no prior; an unknown name is
+one line).
 
 Pure functions and one tiny generator (compiles dominate); the trainer, evaluation and
 export of a Vocos run: tests/tts/test_vocoder_training.py and test_vocoder_export.py
@@ -14,11 +16,18 @@ import pytest
 from flax import nnx
 
 from configs import vocoder
+from jaxspeech.audio import features
 from jaxspeech.config import validate
 from jaxspeech.vocoder import loading
 from jaxspeech.vocoder.generator import GENERATORS
 from jaxspeech.vocoder.hifigan import HiFiGANGenerator, num_params, vocode
-from jaxspeech.vocoder.vocos import DEMO_GENERATOR, VocosGenerator, istft
+from jaxspeech.vocoder.vocos import (
+    DEMO_GENERATOR,
+    VocosGenerator,
+    istft,
+    magnitude_prior,
+    prior_basis,
+)
 
 HOP, N_FFT, MELS = 160, 640, 80
 
@@ -50,6 +59,30 @@ def test_istft_equals_librosa_and_inverts_the_stft():
         got[2, : valid * HOP], _librosa_istft(noise[:, :valid], valid), atol=1e-6
     )
     assert not got[2, valid * HOP :].any()
+
+
+def test_magnitude_prior_inverts_the_front_ends_mel():
+    """On one grid the prior's power spectrum gives back the mel it came from (the
+    filterbank's pseudo-inverse: M basis^T = I); on Vocos's grid, from the front end's
+    log-mel of a harmonic sound, it is near librosa's own STFT magnitude where the sound
+    has its energy (the mel's band averages fill the valleys between harmonics)."""
+    cfg = features.LogMelConfig()
+    prior = loading.mel_prior_arguments(cfg)
+    kw = {k: v for k, v in prior.items() if k != "log_floor"}
+    same = prior_basis(**(kw | {"win_length": cfg.n_fft}), synthesis_n_fft=cfg.n_fft)
+    fb = features.mel_filterbank(cfg).T  # (M, n_fft / 2 + 1)
+    np.testing.assert_allclose(fb @ same.T, np.eye(MELS), atol=1e-4)
+    t = np.arange(16000) / 16000
+    rng = np.random.default_rng(0)
+    harmonics = sum(0.1 / k * np.sin(2 * np.pi * 150 * k * t) for k in range(1, 20))
+    audio = (harmonics + 0.01 * rng.normal(size=t.size)).astype(np.float32)
+    mel = np.asarray(features.log_mel(audio[None], cfg))
+    got = np.asarray(magnitude_prior(mel, prior, N_FFT))[0]  # (T, F) log-magnitude
+    stft = librosa.stft(audio, n_fft=N_FFT, hop_length=HOP, window="hann", center=True)
+    want = np.log(np.abs(stft).T + 1e-5)
+    assert got.shape == want.shape == (101, N_FFT // 2 + 1)
+    loud = want > np.percentile(want, 80)
+    assert abs((got - want)[loud].mean()) < 0.3 and np.abs(got - want)[loud].mean() < 0.5
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +121,9 @@ def test_config_picks_the_generator():
     model = nnx.eval_shape(lambda: loading.make_vocoder(config, 0))
     assert isinstance(model.generator, VocosGenerator) and model.generator.hop == HOP
     demo = loading.generator_arguments(vocoder.get_config())  # DEMO_GENERATOR
-    assert demo.items() >= DEMO_GENERATOR.items()
+    assert demo.items() >= DEMO_GENERATOR.items() and "mel_prior" not in demo
+    prior = loading.generator_arguments(config)["mel_prior"]  # tiny's: the front end's
+    assert prior == loading.mel_prior_arguments(features.LogMelConfig())
     size = num_params(nnx.eval_shape(lambda: VocosGenerator(**demo, rngs=nnx.Rngs(0))))
     assert 0.7e6 < size < 0.8e6  # 0.76 M (configs/vocoder.py's docstring)
     assert validate.VOCODER_GENERATORS == tuple(GENERATORS)
@@ -97,6 +132,9 @@ def test_config_picks_the_generator():
     assert loading.generator_kind(old) == "hifigan"
     model = nnx.eval_shape(lambda: loading.make_vocoder(old, 0))
     assert isinstance(model.generator, HiFiGANGenerator)
+    old = vocoder.get_config("tiny")
+    del old.vocoder["vocos_mel_prior"]  # a Vocos run saved before the prior existed
+    assert "mel_prior" not in loading.generator_arguments(old)
     config.features.hop_length = 256  # Vocos's inverse STFT takes any hop (HiFi-GAN's: 160)
     assert validate.mistakes(config) == []
     config.vocoder.generator = "wavenet"
