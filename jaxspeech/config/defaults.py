@@ -427,7 +427,7 @@ def _train(c: ConfigDict) -> None:
     c.train.run_steps = 0  # >0: stop this invocation after that many steps (then resume)
     c.train.log_every = 25  # steps between progress lines and metric writes
     c.train.checkpoint_every = 200  # steps (0 = off); also saved at the end and on SIGTERM
-    # ... and at least this often (minutes): the most work a kill can cost (of 1000 devices)
+    # ... and at least this often (minutes): all the work a kill can cost a 1000-device job
     c.train.checkpoint_minutes = 10.0
     c.train.keep_checkpoints = 2  # the latest ones ...
     c.train.keep_best = 1  # ... plus this many with the lowest eval WER

@@ -28,6 +28,7 @@ from jaxspeech.runs import checkpoint as ckpt_lib
 from jaxspeech.runs import loading
 from jaxspeech.vocoder.discriminators import DEMO_DISCRIMINATOR, HiFiGANDiscriminator
 from jaxspeech.vocoder.generator import GENERATORS
+from jaxspeech.vocoder.vocos import PRIOR_KEYS
 
 RESBLOCK_KERNELS = (3, 7, 11)  # HiFi-GAN V1's; config.vocoder.resblocks takes the first k
 # config.vocoder.discriminator -> HiFiGANDiscriminator's arguments (config.validate's
@@ -89,16 +90,8 @@ def generator_arguments(config: ConfigDict) -> dict:
 
 
 def mel_prior_arguments(cfg: LogMelConfig) -> dict:
-    """The front end's settings Vocos's magnitude prior inverts (`vocos.prior_basis`)."""
-    return {
-        "sample_rate": int(cfg.sample_rate),
-        "n_fft": int(cfg.n_fft),
-        "win_length": int(cfg.win_length),
-        "n_mels": int(cfg.num_mel_bins),
-        "fmin": float(cfg.fmin),
-        "fmax": float(cfg.fmax),
-        "log_floor": float(cfg.log_floor),
-    }
+    """The front end's settings Vocos's magnitude prior inverts (`vocos.PRIOR_KEYS`)."""
+    return {k: getattr(cfg, k) for k in PRIOR_KEYS}
 
 
 def discriminator_arguments(config: ConfigDict) -> dict:

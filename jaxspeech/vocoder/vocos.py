@@ -47,10 +47,11 @@ import math
 
 import jax
 import jax.numpy as jnp
-import librosa
 import numpy as np
 from flax import nnx
 
+from jaxspeech.audio import features
+from jaxspeech.audio.features import LogMelConfig
 from jaxspeech.models.layers import Dense, Dtype, LayerNorm, depthwise_conv1d, logical_init
 from jaxspeech.vocoder.hifigan import MaskedConv, zero
 
@@ -115,45 +116,37 @@ def istft(
     return jnp.where(jnp.repeat(mask_bt, hop, axis=1), audio, 0.0)
 
 
+# The front end's settings the prior inverts (the generator's `mel_prior` argument: JSON).
+PRIOR_KEYS = ("sample_rate", "n_fft", "win_length", "num_mel_bins", "fmin", "fmax", "log_floor")
+
+
 @functools.lru_cache(maxsize=8)
-def prior_basis(
-    *,
-    sample_rate: int,
-    n_fft: int,
-    win_length: int,
-    n_mels: int,
-    fmin: float,
-    fmax: float,
-    synthesis_n_fft: int,
-) -> np.ndarray:
+def prior_basis(cfg: LogMelConfig, synthesis_n_fft: int) -> np.ndarray:
     """(M, F) float32: mel power (B, T, M) @ basis = the power spectrum on the inverse
     STFT's grid (F = synthesis_n_fft / 2 + 1 bins, Hann(synthesis_n_fft)) estimated from
-    the front end's mel (`features.mel_filterbank`: slaney filters on n_fft / 2 + 1 bins of
+    the front end's mel (`features.mel_filterbank(cfg)`: M filters on n_fft / 2 + 1 bins of
     a Hann(win_length) STFT). FreeV's amplitude prior (Lv et al., 2024): the filterbank's
     pseudo-inverse (the least-squares spectrum Griffin-Lim starts from), carried to the
     synthesis grid by linear interpolation in frequency, times a tone's power gain from
     the analysis window to the synthesis one ((sum of Hann(synthesis_n_fft) / sum of
     Hann(win_length))^2). Its negative lobes are folded by the caller's |.|."""
-    fb = librosa.filters.mel(
-        sr=sample_rate, n_fft=n_fft, n_mels=n_mels, fmin=fmin, fmax=fmax, htk=False, norm="slaney"
-    )  # (M, n_fft / 2 + 1)
-    pinv = np.linalg.pinv(fb.astype(np.float64))  # (n_fft / 2 + 1, M)
-    analysis = np.linspace(0.0, sample_rate / 2, n_fft // 2 + 1)
-    synthesis = np.linspace(0.0, sample_rate / 2, synthesis_n_fft // 2 + 1)
+    fb = features.mel_filterbank(cfg).T.astype(np.float64)  # (M, n_fft / 2 + 1)
+    pinv = np.linalg.pinv(fb)  # (n_fft / 2 + 1, M)
+    nyquist = cfg.sample_rate / 2
+    analysis = np.linspace(0.0, nyquist, cfg.n_fft // 2 + 1)
+    synthesis = np.linspace(0.0, nyquist, synthesis_n_fft // 2 + 1)
     # (n_fft / 2 + 1, F): column f interpolates the analysis bins at synthesis bin f.
-    eye = np.eye(len(analysis))
-    interp = np.stack([np.interp(synthesis, analysis, row) for row in eye])
-    gain = (hann_window(synthesis_n_fft).sum() / hann_window(win_length).sum()) ** 2
+    interp = np.stack([np.interp(synthesis, analysis, row) for row in np.eye(len(analysis))])
+    gain = (hann_window(synthesis_n_fft).sum() / hann_window(cfg.win_length).sum()) ** 2
     return (pinv.T @ interp * gain).astype(np.float32)
 
 
-def magnitude_prior(mel_btm: jax.Array, prior: dict, synthesis_n_fft: int) -> jax.Array:
-    """(B, T, M) raw log-mel (log of mel power + log_floor) -> (B, T, F) log-magnitude
-    estimate on the synthesis grid (`prior_basis`; `prior`: the front end's settings),
-    floored at 1e-5 in magnitude as FreeV's."""
-    kw = {k: v for k, v in prior.items() if k != "log_floor"}
-    basis = jnp.asarray(prior_basis(**kw, synthesis_n_fft=synthesis_n_fft))
-    power = jnp.exp(mel_btm.astype(jnp.float32)) - float(prior["log_floor"])
+def magnitude_prior(mel_btm: jax.Array, cfg: LogMelConfig, synthesis_n_fft: int) -> jax.Array:
+    """(B, T, M) raw log-mel of front end `cfg` (log of mel power + log_floor) -> (B, T, F)
+    log-magnitude estimate on the synthesis grid (`prior_basis`), floored at 1e-5 in
+    magnitude as FreeV's."""
+    basis = jnp.asarray(prior_basis(cfg, synthesis_n_fft))
+    power = jnp.exp(mel_btm.astype(jnp.float32)) - cfg.log_floor
     return 0.5 * jnp.log(jnp.maximum(jnp.abs(power @ basis), 1e-10))
 
 
@@ -228,11 +221,10 @@ class VocosGenerator(nnx.Module):
         self.final_norm = LayerNorm(dim, eps=1e-6, dtype=dtype, rngs=rngs)
         self.head = Dense(dim, n_fft + 2, ("embed", None), dtype=dtype, rngs=rngs)
         self.n_mels, self.hop, self.n_fft = n_mels, hop, n_fft
-        # The front end's settings (sample_rate, n_fft, win_length, n_mels, fmin, fmax,
-        # log_floor): the head predicts the log-magnitude's residual over FreeV's prior
-        # (`magnitude_prior`); None: the log-magnitude itself (Vocos's). Kept as sorted
-        # pairs: the graph's static data must hash.
-        self.mel_prior = None if mel_prior is None else tuple(sorted(mel_prior.items()))
+        # The front end's settings (PRIOR_KEYS): the head predicts the log-magnitude's
+        # residual over FreeV's prior (`magnitude_prior`); None: the log-magnitude itself
+        # (Vocos's). A frozen LogMelConfig: the graph's static data must hash.
+        self.mel_prior = None if mel_prior is None else LogMelConfig(**mel_prior)
 
     def __call__(self, mel_btm: jax.Array, mask_bt: jax.Array) -> jax.Array:
         mask = mask_bt[..., None]
@@ -242,7 +234,7 @@ class VocosGenerator(nnx.Module):
         h = self.head(self.final_norm(x)).astype(jnp.float32)
         log_mag, phase = jnp.split(h, 2, axis=-1)  # (B, T, F) each
         if self.mel_prior is not None:
-            log_mag = log_mag + magnitude_prior(mel_btm, dict(self.mel_prior), self.n_fft)
+            log_mag = log_mag + magnitude_prior(mel_btm, self.mel_prior, self.n_fft)
         mag = jnp.exp(jnp.minimum(log_mag, MAX_LOG_MAGNITUDE))
         audio = istft(
             mag * jnp.cos(phase), mag * jnp.sin(phase), mask_bt, n_fft=self.n_fft, hop=self.hop
